@@ -27,9 +27,6 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::scenario::ClientSpec;
 
-/// Longest a single request may take before it counts as failed.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// One answered (or failed) request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RequestRecord {
@@ -45,14 +42,50 @@ pub struct RequestRecord {
     pub latency: Duration,
     /// HTTP status; 0 when no response came (connection error, timeout).
     pub status: u16,
+    /// No whole response within the client's `timeout`: the client gave up.
+    pub timed_out: bool,
     /// The instance that answered (its `x-backend`), as an index into the run's
     /// instance list; `None` for error answers of the proxy itself.
     pub instance: Option<u16>,
 }
 
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// An answer other than 2xx (from the proxy or the instance).
+    Status,
+    /// No answer: the connection was refused or broke.
+    Connection,
+    /// No whole answer within the client's timeout.
+    Timeout,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Status => "status",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Timeout => "timeout",
+        }
+    }
+}
+
 impl RequestRecord {
     pub fn succeeded(&self) -> bool {
-        (200..300).contains(&self.status)
+        self.error().is_none()
+    }
+
+    /// `None` for a 2xx answer read in time.
+    pub fn error(&self) -> Option<ErrorKind> {
+        if self.timed_out {
+            Some(ErrorKind::Timeout)
+        } else if self.status == 0 {
+            Some(ErrorKind::Connection)
+        } else if (200..300).contains(&self.status) {
+            None
+        } else {
+            Some(ErrorKind::Status)
+        }
     }
 }
 
@@ -307,11 +340,11 @@ impl ClientRun {
             response.into_body().collect().await.ok()?;
             Some((status, backend))
         };
-        let (status, instance) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or((0, None));
+        let (timed_out, (status, instance)) =
+            match tokio::time::timeout(self.spec.timeout, exchange).await {
+                Ok(answer) => (false, answer.unwrap_or((0, None))),
+                Err(_) => (true, (0, None)),
+            };
         let latency = began.elapsed();
         let record = RequestRecord {
             client: self.index,
@@ -320,6 +353,7 @@ impl ClientRun {
             start,
             latency,
             status,
+            timed_out,
             instance,
         };
         self.live.done.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,8 @@
 //! * `summary.csv`: one line per run;
 //! * `instances.csv`: requests per instance, per run and phase (`phase` = `all` for the
 //!   whole run);
-//! * `requests.csv` (with `--raw`): every request.
+//! * `requests.csv` (with `--raw`): every request, with its error kind (`status`,
+//!   `connection` or `timeout`) when it failed.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -40,7 +41,7 @@ pub fn table(runs: &[RunReport]) -> String {
     let width = runs.iter().map(|r| r.label.len()).max().unwrap_or(8).max(8);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7}",
+        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>7}",
         "run",
         "requests",
         "avg ms",
@@ -50,13 +51,14 @@ pub fn table(runs: &[RunReport]) -> String {
         "SLO met",
         "req/s",
         "errors",
+        "timeouts",
         "spread"
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>7}",
+            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>7}",
             r.label,
             s.requests,
             s.avg_ms,
@@ -66,6 +68,7 @@ pub fn table(runs: &[RunReport]) -> String {
             s.slo_share,
             s.throughput,
             s.failed,
+            s.timeouts,
             r.spread.map_or("-".to_string(), |x| format!("{x:.2}")),
         );
     }
@@ -151,19 +154,20 @@ pub fn write_files(
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,spread\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,spread\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
             s.requests,
             s.succeeded,
             s.failed,
+            s.timeouts,
             s.slo_met,
             s.slo_share,
             s.avg_ms,
@@ -206,7 +210,7 @@ pub fn write_files(
 
     if raw {
         let mut text =
-            String::from("variant,label,seq,client,phase,start_ms,latency_ms,status,instance\n");
+            String::from("variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance\n");
         for r in runs {
             for rec in &r.records {
                 let instance = rec
@@ -215,7 +219,7 @@ pub fn write_files(
                     .map_or("", String::as_str);
                 let _ = writeln!(
                     text,
-                    "{},{},{},{},{},{:.3},{:.3},{},{}",
+                    "{},{},{},{},{},{:.3},{:.3},{},{},{}",
                     csv_field(&r.variant),
                     csv_field(&r.label),
                     rec.seq,
@@ -224,6 +228,7 @@ pub fn write_files(
                     rec.start.as_secs_f64() * 1e3,
                     rec.latency.as_secs_f64() * 1e3,
                     rec.status,
+                    rec.error().map_or("", |e| e.as_str()),
                     csv_field(instance)
                 );
             }

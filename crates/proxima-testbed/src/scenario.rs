@@ -28,6 +28,8 @@
 //!     concurrency: 1            # closed loop; with `rate` (req/s) an open loop
 //!     method: POST
 //!     body: '{"co2": 412}'
+//!     timeout: 5s               # give up on a request after this (default:
+//!                               # testbed.client-timeout, 30s); counted as a timeout
 //! events:
 //!   - name: T1
 //!     at: 250                   # after 250 requests (all clients), or a time: 5s
@@ -39,7 +41,7 @@
 //!       - link: { between: [edge-1, "*"], add: 100ms }   # or delay: 30ms (one way)
 //!       - usage: { node: edge-2, cpu: 0.95 }             # background usage (RAP)
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
-//! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms }
+//! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s }
 //! variants:                     # optional: run everything once per variant, with
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
@@ -177,6 +179,7 @@ struct ClientDoc {
     method: Option<String>,
     path: Option<String>,
     body: Option<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,6 +256,7 @@ struct TestbedDoc {
     usage_window: Option<String>,
     warmup_timeout: Option<String>,
     drain: Option<String>,
+    client_timeout: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -341,6 +345,9 @@ pub struct ClientSpec {
     pub method: http::Method,
     pub path: String,
     pub body: Option<String>,
+    /// Longest a request may take before the client gives up on it (counted as a
+    /// timeout, never within the SLO); `timeout`, else `testbed.client-timeout`.
+    pub timeout: Duration,
 }
 
 /// When an event happens.
@@ -481,6 +488,8 @@ pub struct TestbedSettings {
     pub warmup_timeout: Duration,
     /// How long a leaving instance keeps serving after it left discovery.
     pub drain: Duration,
+    /// Default for every client's `timeout`.
+    pub client_timeout: Duration,
 }
 
 impl Default for TestbedSettings {
@@ -492,6 +501,7 @@ impl Default for TestbedSettings {
             usage_window: Duration::from_millis(500),
             warmup_timeout: Duration::from_secs(15),
             drain: Duration::from_secs(2),
+            client_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -826,6 +836,8 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             method,
             path,
             body: c.body.clone(),
+            // Filled in from `testbed.client-timeout` below when not given.
+            timeout: opt_duration(&format!("{what}.timeout"), &c.timeout, Duration::ZERO)?,
         });
     }
     if clients.is_empty() {
@@ -983,7 +995,25 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             d.warmup_timeout,
         )?,
         drain: opt_duration("testbed.drain", &t.drain, d.drain)?,
+        client_timeout: opt_duration(
+            "testbed.client-timeout",
+            &t.client_timeout,
+            d.client_timeout,
+        )?,
     };
+    if testbed.client_timeout.is_zero() {
+        return Err(invalid("testbed.client-timeout: must be greater than zero"));
+    }
+    for (client, doc) in clients.iter_mut().zip(&doc.clients) {
+        if doc.timeout.is_none() {
+            client.timeout = testbed.client_timeout;
+        } else if client.timeout.is_zero() {
+            return Err(invalid(format!(
+                "clients {:?}: timeout must be greater than zero",
+                client.name
+            )));
+        }
+    }
     if testbed.discovery_interval.is_zero()
         || testbed.peer_probe_interval.is_zero()
         || testbed.usage_interval.is_zero()

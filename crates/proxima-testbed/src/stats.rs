@@ -3,8 +3,10 @@
 //!
 //! Percentiles are nearest-rank over every request of the group (failed ones included,
 //! with the time they took to fail); a request meets the SLO when it succeeded (2xx)
-//! within its service's `latency-slo`. Throughput is requests per second between the
-//! first request sent and the last response read.
+//! within its service's `latency-slo`. A request the client gave up on after its
+//! `timeout` is a failure of its own kind (`timeouts`), and so never within the SLO.
+//! Throughput is requests per second between the first request sent and the last
+//! response read.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,6 +22,8 @@ pub struct Summary {
     /// 2xx answers.
     pub succeeded: u64,
     pub failed: u64,
+    /// Failed requests the client gave up on after its `timeout` (part of `failed`).
+    pub timeouts: u64,
     pub slo_met: u64,
     /// `slo_met / requests`, in percent.
     pub slo_share: f64,
@@ -59,6 +63,7 @@ impl Summary {
         let mut times: Vec<Duration> = records.iter().map(|r| r.latency).collect();
         times.sort();
         let succeeded = records.iter().filter(|r| r.succeeded()).count() as u64;
+        let timeouts = records.iter().filter(|r| r.timed_out).count() as u64;
         let slo_met = records
             .iter()
             .filter(|r| r.succeeded() && r.latency <= slo(r))
@@ -75,6 +80,7 @@ impl Summary {
             requests: n,
             succeeded,
             failed: n - succeeded,
+            timeouts,
             slo_met,
             slo_share: (slo_met as f64 * 100.0 / n as f64 * 1e3).round() / 1e3,
             avg_ms: ms(total / u32::try_from(n).unwrap_or(u32::MAX)),
@@ -186,6 +192,7 @@ mod tests {
             start: Duration::from_millis(seq * 10),
             latency: Duration::from_millis(ms),
             status,
+            timed_out: false,
             instance,
         }
     }
