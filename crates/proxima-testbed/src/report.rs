@@ -209,8 +209,9 @@ pub fn write_files(
     write(&dir.join("instances.csv"), &instances)?;
 
     if raw {
-        let mut text =
-            String::from("variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance\n");
+        let mut text = String::from(
+            "variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance\n",
+        );
         for r in runs {
             for rec in &r.records {
                 let instance = rec
