@@ -1,6 +1,37 @@
 //! Mutable per-endpoint state: measurements, QoS-pool admission, connection cooldown,
 //! probe schedule and in-flight count.
 //!
+//! Admission follows QEdgeProxy (§III-A, event 3; §III-B): the pod's own measured
+//! response times decide whether it is in its service's QoS pool. Around that test:
+//!
+//! * **Failures are misses.** A response whose status is in the service's
+//!   `failure-status` set (default `5xx`), a reset, a timeout or a refused connection is
+//!   stored as a miss, however fast it came: a pod that answers `500` in 2 ms does not
+//!   meet an SLO. An attempt still unanswered when the SLO has passed is stored as a miss
+//!   at that moment ([`EndpointState::observe_overdue`]), and its eventual answer adds no
+//!   second sample; an attempt the client abandoned after the SLO is a miss too.
+//! * **Consecutive failures eject at once**, next to the latency test, as Envoy's outlier
+//!   detection (`consecutive_5xx`, 5 by default) and linkerd's failure accrual (7
+//!   failures) do: `qos-pool-eject-after` failures in a row take the pod out without
+//!   waiting for the window's verdict. The service caps how many pods may be out for
+//!   this at one time (`qos-pool-max-ejection-percent`, Envoy's `max_ejection_percent`),
+//!   so that a fault common to every pod (a shared dependency, a poisonous request) does
+//!   not empty the pool through this fast path; the latency test itself is not capped.
+//! * **Quiet services are judged.** A pod with fewer than `min_samples` fresh samples
+//!   is warming and admitted on the initial estimate, but it leaves as soon as every
+//!   one of its fresh samples misses, and after warming for `max_age` it is judged on
+//!   whatever fresh samples it has.
+//! * **Re-admission without flapping.** Evicted pods are probed: quickly (every
+//!   `probe-interval`) while probes succeed, with doubling backoff while they fail. A
+//!   pod evicted again within `max_age` of its return waits twice as long before its
+//!   first probe each time (up to [`FLAP_BACKOFF_MAX`], linkerd's 60 s); each `max_age`
+//!   it stays healthy halves that again. On return the misses that evicted it are
+//!   dropped but its good history is kept, and it ramps up over `qos-pool-slow-start`
+//!   (Envoy's `slow_start_config`) instead of taking a burst.
+//! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
+//!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
+//!   aside: neither good nor bad evidence. See [`Observation::stall`].
+//!
 //! One [`EndpointState`] lives as long as the endpoint's id stays in its service, across
 //! any number of discovery updates. The hot path reads only atomics (`in_flight`,
 //! `admitted`, `cooldown_until`); the mutex is taken once per finished request.
@@ -22,6 +53,27 @@ const PEAK_EWMA_FAILURE: Duration = Duration::from_secs(1);
 const COOLDOWN_BASE: Duration = Duration::from_millis(250);
 const COOLDOWN_MAX: Duration = Duration::from_secs(30);
 
+/// Longest wait before the first probe of a pod that keeps being evicted soon after its
+/// return (linkerd's failure-accrual backoff tops out at 60 s).
+pub const FLAP_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Share of its full weight a re-admitted pod starts its slow start with (Envoy's
+/// `min_weight_percent` default, 10%).
+const SLOW_START_MIN_WEIGHT: f64 = 0.1;
+
+/// Fixed-point unit of the spreading counter: one pick at full weight.
+pub(crate) const PICK_UNIT: u64 = 1000;
+
+/// Why an endpoint is out of the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvictionCause {
+    /// Its fresh samples (failures included) miss the SLO at the percentile.
+    Latency,
+    /// `qos-pool-eject-after` consecutive failures.
+    ConsecutiveFailures,
+}
+
 /// Whether an endpoint is in its service's QoS pool, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
@@ -37,6 +89,7 @@ pub enum Admission {
         #[serde(skip)]
         since: Instant,
         consecutive_good: u32,
+        cause: EvictionCause,
     },
 }
 
@@ -56,7 +109,11 @@ pub enum PoolChange {
 /// How a forwarded request (or probe) ended, as far as routing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Response headers arrived after `latency` (any status: the pod answered).
+    /// Response headers with `status` arrived after `latency`; a status in the service's
+    /// `failure-status` set makes it a failure.
+    Answered { latency: Duration, status: u16 },
+    /// Response headers arrived after `latency` with a status that is not a failure
+    /// (for callers that have already classified it).
     Response { latency: Duration },
     /// The connection could not be opened: nothing reached the pod.
     ConnectFailed,
@@ -74,6 +131,19 @@ pub(crate) struct Stats {
     pub(crate) probe_interval: Duration,
     pub(crate) next_probe: Option<Instant>,
     pub(crate) probe_in_flight: bool,
+    /// Failures in a row (any kind), and the status of the last failed answer.
+    pub(crate) consecutive_failures: u32,
+    pub(crate) last_failure_status: Option<u16>,
+    /// Whether the last ejection for consecutive failures was refused by the cap.
+    pub(crate) ejection_capped: bool,
+    /// Whether the last latency eviction was withheld because it would have emptied the
+    /// pool during a measured stall of the proxy.
+    pub(crate) kept_during_stall: bool,
+    /// Evictions soon after a return, decayed while healthy (the first-probe backoff).
+    pub(crate) flaps: u32,
+    pub(crate) readmitted_at: Option<Instant>,
+    /// Since when it has been warming (judged on the initial estimate).
+    pub(crate) warming_since: Option<Instant>,
     /// Reused by every prediction on the measurement path (no allocation per request).
     scratch: Vec<u64>,
 }
@@ -97,6 +167,47 @@ pub struct EndpointState {
     epoch: Instant,
     requests: AtomicU64,
     failures: AtomicU64,
+    /// Spreading counter: [`PICK_UNIT`] / weight per pick (stride scheduling), so that
+    /// two-choice picks on it give every pool member an even share, and a member in
+    /// slow start a proportionally smaller one.
+    picks: AtomicU64,
+    /// Set when it (re)joins the pool: its counter is brought level with the pool's.
+    needs_baseline: AtomicBool,
+    /// Start of the slow start after re-admission (ns after `epoch`; 0: none).
+    ramp_start: AtomicU64,
+    /// Out of the pool for consecutive failures (counted against the service's cap).
+    failure_ejected: AtomicBool,
+}
+
+/// What the caller knows about an outcome beyond the outcome itself.
+pub(crate) struct Observation<'a> {
+    pub(crate) from_probe: bool,
+    /// An overdue miss was already stored for this attempt: store no second sample.
+    pub(crate) late: bool,
+    /// How long the proxy itself was stalled (scheduling lag it measured) while the
+    /// attempt ran. A response that misses the SLO by no more than this is set aside:
+    /// the stall may have delayed the moment the proxy noticed the headers by that much,
+    /// so the sample cannot tell a slow pod from a slow proxy. Setting aside rather than
+    /// subtracting the stall: if the stall fell while the pod was still working it
+    /// delayed nothing, and subtracting it would turn a real miss into a hit.
+    pub(crate) stall: Duration,
+    /// Reserve one of the service's failure-ejection slots for this endpoint.
+    pub(crate) may_eject: &'a dyn Fn() -> bool,
+    /// Whether a latency eviction must be withheld because it would empty the pool
+    /// during a measured stall.
+    pub(crate) keep_in_pool: &'a dyn Fn() -> bool,
+}
+
+impl Observation<'_> {
+    pub(crate) fn plain(from_probe: bool) -> Observation<'static> {
+        Observation {
+            from_probe,
+            late: false,
+            stall: Duration::ZERO,
+            may_eject: &|| true,
+            keep_in_pool: &|| false,
+        }
+    }
 }
 
 impl EndpointState {
@@ -109,6 +220,13 @@ impl EndpointState {
                 probe_interval: settings.qos_pool.probe_interval,
                 next_probe: None,
                 probe_in_flight: false,
+                consecutive_failures: 0,
+                last_failure_status: None,
+                ejection_capped: false,
+                kept_during_stall: false,
+                flaps: 0,
+                readmitted_at: None,
+                warming_since: None,
                 scratch: Vec::with_capacity(settings.qos_pool.window),
             }),
             in_flight: AtomicU32::new(0),
@@ -121,7 +239,63 @@ impl EndpointState {
             epoch,
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            picks: AtomicU64::new(0),
+            needs_baseline: AtomicBool::new(true),
+            ramp_start: AtomicU64::new(0),
+            failure_ejected: AtomicBool::new(false),
         }
+    }
+
+    /// Its share weight at `now`: 1, or less during the slow start after re-admission
+    /// (linear from 10% to 100% over `slow_start`, as Envoy's default aggression 1.0).
+    pub fn weight(&self, now: Instant, slow_start: Duration) -> f64 {
+        let start = self.ramp_start.load(Ordering::Relaxed);
+        if start == 0 || slow_start.is_zero() {
+            return 1.0;
+        }
+        let elapsed = now
+            .saturating_duration_since(self.epoch + Duration::from_nanos(start))
+            .as_secs_f64();
+        let share = elapsed / slow_start.as_secs_f64();
+        if share >= 1.0 {
+            1.0
+        } else {
+            share.max(SLOW_START_MIN_WEIGHT)
+        }
+    }
+
+    /// The spreading counter (see the field docs).
+    pub(crate) fn picks(&self) -> u64 {
+        self.picks.load(Ordering::Relaxed)
+    }
+
+    /// Count one pick at `weight`.
+    pub(crate) fn charge(&self, weight: f64) {
+        let stride = (PICK_UNIT as f64 / weight.max(SLOW_START_MIN_WEIGHT)).round() as u64;
+        self.picks.fetch_add(stride, Ordering::Relaxed);
+    }
+
+    /// Bring a member that just joined the pool level with the others (`baseline`: the
+    /// lowest counter among them), so it neither starves nor takes a catch-up burst.
+    pub(crate) fn join_baseline(&self, baseline: Option<u64>) {
+        if self.needs_baseline.swap(false, Ordering::Relaxed) {
+            if let Some(b) = baseline {
+                self.picks.store(b, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn needs_baseline(&self) -> bool {
+        self.needs_baseline.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is out of the pool for consecutive failures.
+    pub fn failure_ejected(&self) -> bool {
+        self.failure_ejected.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_failure_ejected(&self) {
+        self.failure_ejected.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Stats> {
@@ -213,69 +387,120 @@ impl EndpointState {
         InFlight(self.clone())
     }
 
-    /// Feed an outcome; returns a pool change if the SLO verdict flipped.
+    /// Feed an outcome; returns a pool change if the verdict flipped.
     pub(crate) fn observe(
         &self,
         now: Instant,
         outcome: Outcome,
         settings: &ServiceSettings,
-        from_probe: bool,
+        obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
-        match outcome {
+        let slo = settings.latency_slo;
+        // The probe verdict (and, for fallback traffic to an evicted pod, the same).
+        let good = match outcome {
             Outcome::ConnectFailed => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
                 stats.connect_failures = stats.connect_failures.saturating_add(1);
                 let exp = stats.connect_failures.saturating_sub(1).min(16);
                 let cooldown = COOLDOWN_BASE.saturating_mul(1 << exp).min(COOLDOWN_MAX);
                 self.set_cooldown(now + cooldown);
-                if from_probe {
-                    stats.probe_in_flight = false;
-                    let max = settings.qos_pool.probe_max_interval;
-                    self.schedule_next_probe(&mut stats, now, false, max);
-                }
-                // A pod that cannot be reached says nothing about its response time.
-                return None;
-            }
-            Outcome::Response { latency } => {
-                stats.connect_failures = 0;
-                self.cooldown_until.store(0, Ordering::Relaxed);
-                stats.estimator.record(now, latency);
-                self.update_peak_ewma(now, latency);
+                self.failed(&mut stats, now, None, obs.late);
+                false
             }
             Outcome::Failed => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
                 stats.connect_failures = 0;
-                stats.estimator.record_failure(now);
-                self.update_peak_ewma(now, PEAK_EWMA_FAILURE);
+                self.failed(&mut stats, now, None, obs.late);
+                false
             }
-        }
-        if from_probe {
+            Outcome::Answered { status, .. } if settings.failure_status.contains(status) => {
+                stats.connect_failures = 0;
+                self.cooldown_until.store(0, Ordering::Relaxed);
+                self.failed(&mut stats, now, Some(status), obs.late);
+                false
+            }
+            Outcome::Answered { latency, .. } | Outcome::Response { latency } => {
+                stats.connect_failures = 0;
+                stats.consecutive_failures = 0;
+                stats.ejection_capped = false;
+                self.cooldown_until.store(0, Ordering::Relaxed);
+                self.update_peak_ewma(now, latency);
+                let set_aside = latency > slo && latency.saturating_sub(obs.stall) <= slo;
+                if set_aside {
+                    // No verdict either way (see `Observation::stall`).
+                    if obs.from_probe {
+                        stats.probe_in_flight = false;
+                        self.schedule_next_probe(&mut stats, now, true, settings);
+                    }
+                    return None;
+                }
+                if !obs.late {
+                    stats.estimator.record(now, latency);
+                }
+                latency <= slo
+            }
+        };
+        if obs.from_probe {
             stats.probe_in_flight = false;
         }
-        let good =
-            matches!(outcome, Outcome::Response { latency } if latency <= settings.latency_slo);
-        self.advance(&mut stats, now, settings, Some(good))
+        self.advance(&mut stats, now, settings, Some(good), obs)
+    }
+
+    /// A failure of any kind: a miss in the window, one more in a row.
+    fn failed(&self, stats: &mut Stats, now: Instant, status: Option<u16>, late: bool) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        stats.consecutive_failures = stats.consecutive_failures.saturating_add(1);
+        stats.last_failure_status = status;
+        if !late {
+            stats.estimator.record_failure(now);
+        }
+        self.update_peak_ewma(now, PEAK_EWMA_FAILURE);
+    }
+
+    /// An attempt has had no response headers for longer than the SLO: store the miss
+    /// now, so that a pod that hangs leaves the pool in about one SLO rather than one
+    /// `timeout`. The caller reports the eventual outcome as `late`.
+    pub(crate) fn observe_overdue(
+        &self,
+        now: Instant,
+        settings: &ServiceSettings,
+        obs: &Observation<'_>,
+    ) -> Option<PoolChange> {
+        let mut stats = self.lock();
+        stats.estimator.record_failure(now);
+        self.advance(&mut stats, now, settings, None, obs)
     }
 
     /// Re-judge admission without a new sample (after a settings change or for expiry).
+    /// With `settings_changed`, an evicted endpoint is re-admitted at once when its fresh
+    /// samples meet the new SLO, or probed at once when it has none.
     pub(crate) fn reevaluate(
         &self,
         now: Instant,
         settings: &ServiceSettings,
+        settings_changed: bool,
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
         stats.estimator.resize(settings.qos_pool.window);
-        self.advance(&mut stats, now, settings, None)
+        if settings_changed {
+            if let Admission::Evicted { .. } = stats.admission {
+                stats.probe_interval = settings.qos_pool.probe_interval;
+                if !stats.probe_in_flight {
+                    stats.next_probe = Some(now);
+                }
+            }
+        }
+        self.advance(&mut stats, now, settings, None, &Observation::plain(false))
     }
 
-    /// The admission state machine. `last_good` is the verdict of a sample just taken.
+    /// The admission state machine (see the module docs). `last_good` is the verdict of
+    /// a sample just taken (`None`: a re-judgement on the samples held).
     fn advance(
         &self,
         stats: &mut Stats,
         now: Instant,
         settings: &ServiceSettings,
         last_good: Option<bool>,
+        obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let q = &settings.qos_pool;
         let mut scratch = std::mem::take(&mut stats.scratch);
@@ -293,56 +518,78 @@ impl EndpointState {
         self.score_micros.store(score, Ordering::Relaxed);
         let samples = prediction.samples;
         let meets = prediction.meets(settings.slo_percentile).unwrap_or(false);
+        let all_miss = samples > 0 && prediction.within_slo == 0;
         let before = stats.admission;
         stats.admission = match before {
             Admission::Warming | Admission::Admitted => {
-                if samples < q.min_samples {
-                    Admission::Warming
-                } else if meets {
-                    Admission::Admitted
+                let failing = q.eject_after > 0 && stats.consecutive_failures >= q.eject_after;
+                let warmed_long = stats
+                    .warming_since
+                    .is_some_and(|since| now.saturating_duration_since(since) >= q.max_age);
+                let judged = samples >= q.min_samples || all_miss || (warmed_long && samples > 0);
+                if failing && (obs.may_eject)() {
+                    stats.ejection_capped = false;
+                    self.evict(stats, now, settings, EvictionCause::ConsecutiveFailures)
                 } else {
-                    stats.probe_interval = q.probe_interval;
-                    stats.next_probe = Some(now + q.probe_interval);
-                    Admission::Evicted {
-                        since: now,
-                        consecutive_good: 0,
+                    stats.ejection_capped = failing;
+                    if judged && !meets {
+                        if (obs.keep_in_pool)() {
+                            stats.kept_during_stall = true;
+                            before
+                        } else {
+                            self.evict(stats, now, settings, EvictionCause::Latency)
+                        }
+                    } else if samples >= q.min_samples || (judged && meets && warmed_long) {
+                        stats.kept_during_stall = false;
+                        Admission::Admitted
+                    } else {
+                        Admission::Warming
                     }
                 }
             }
             Admission::Evicted {
                 since,
                 consecutive_good,
+                cause,
             } => match last_good {
                 Some(true) => {
                     let good = consecutive_good + 1;
                     if good >= q.readmit_after {
-                        // Judge the recovered pod on its recovery only.
-                        stats.estimator.keep_newest(good as usize);
-                        stats.next_probe = None;
-                        Admission::Admitted
+                        self.readmit(stats, now, settings)
                     } else {
-                        self.schedule_next_probe(stats, now, true, q.probe_max_interval);
+                        self.schedule_next_probe(stats, now, true, settings);
                         Admission::Evicted {
                             since,
                             consecutive_good: good,
+                            cause,
                         }
                     }
                 }
                 Some(false) => {
-                    self.schedule_next_probe(stats, now, false, q.probe_max_interval);
+                    self.schedule_next_probe(stats, now, false, settings);
                     Admission::Evicted {
                         since,
                         consecutive_good: 0,
+                        cause,
                     }
                 }
-                // A looser SLO can re-admit on the evidence already held.
-                None if samples >= q.min_samples && meets => {
-                    stats.next_probe = None;
-                    Admission::Admitted
+                // A settings change re-judges on the evidence already held (any number
+                // of fresh samples, all within the new SLO, or enough that meet it).
+                None if cause == EvictionCause::Latency
+                    && samples > 0
+                    && meets
+                    && (samples >= q.min_samples || prediction.within_slo == samples) =>
+                {
+                    self.readmit(stats, now, settings)
                 }
                 None => before,
             },
         };
+        if stats.admission == Admission::Warming {
+            stats.warming_since.get_or_insert(now);
+        } else {
+            stats.warming_since = None;
+        }
         let in_pool = stats.admission.in_pool();
         self.admitted.store(in_pool, Ordering::Relaxed);
         self.warming
@@ -354,12 +601,92 @@ impl EndpointState {
         }
     }
 
-    /// Probes back off (doubling) while they miss and come quickly while they succeed.
-    fn schedule_next_probe(&self, stats: &mut Stats, now: Instant, good: bool, max: Duration) {
-        if !good {
-            stats.probe_interval = stats.probe_interval.saturating_mul(2).min(max);
+    /// Leave the pool, with the first probe after the flap backoff.
+    fn evict(
+        &self,
+        stats: &mut Stats,
+        now: Instant,
+        settings: &ServiceSettings,
+        cause: EvictionCause,
+    ) -> Admission {
+        let q = &settings.qos_pool;
+        if let Some(back) = stats.readmitted_at {
+            let healthy_for = now.saturating_duration_since(back);
+            let window = q.max_age.max(Duration::from_millis(1));
+            let decay = (healthy_for.as_nanos() / window.as_nanos()).min(32) as u32;
+            stats.flaps = stats.flaps.saturating_sub(decay);
+            if healthy_for < window {
+                stats.flaps = stats.flaps.saturating_add(1);
+            }
         }
-        stats.next_probe = Some(now + stats.probe_interval);
+        let first = q
+            .probe_interval
+            .saturating_mul(1u32 << stats.flaps.min(16))
+            .min(FLAP_BACKOFF_MAX.max(q.probe_interval));
+        stats.probe_interval = first;
+        stats.next_probe = Some(now + first);
+        stats.kept_during_stall = false;
+        if cause == EvictionCause::Latency {
+            stats.ejection_capped = false;
+        }
+        self.ramp_start.store(0, Ordering::Relaxed);
+        Admission::Evicted {
+            since: now,
+            consecutive_good: 0,
+            cause,
+        }
+    }
+
+    /// Return to the pool: drop the misses that evicted it, keep its good history, and
+    /// start the slow start.
+    fn readmit(&self, stats: &mut Stats, now: Instant, settings: &ServiceSettings) -> Admission {
+        stats
+            .estimator
+            .forget_misses_before(now, settings.latency_slo);
+        stats.next_probe = None;
+        stats.consecutive_failures = 0;
+        stats.ejection_capped = false;
+        stats.readmitted_at = Some(now);
+        self.failure_ejected.store(false, Ordering::Relaxed);
+        let nanos = now.saturating_duration_since(self.epoch).as_nanos();
+        self.ramp_start.store(
+            u64::try_from(nanos).unwrap_or(u64::MAX).max(1),
+            Ordering::Relaxed,
+        );
+        self.needs_baseline.store(true, Ordering::Relaxed);
+        Admission::Admitted
+    }
+
+    /// Probes come every `probe-interval` while they succeed; while they fail, the
+    /// interval doubles up to `probe-max-interval` (or the flap backoff, if longer).
+    fn schedule_next_probe(
+        &self,
+        stats: &mut Stats,
+        now: Instant,
+        good: bool,
+        settings: &ServiceSettings,
+    ) {
+        let q = &settings.qos_pool;
+        if good {
+            stats.next_probe = Some(now + q.probe_interval);
+        } else {
+            let cap = q.probe_max_interval.max(stats.probe_interval);
+            stats.probe_interval = stats.probe_interval.saturating_mul(2).min(cap);
+            stats.next_probe = Some(now + stats.probe_interval);
+        }
+    }
+
+    /// What `/debug/pools` shows beyond the admission.
+    pub(crate) fn detail(&self) -> EndpointDetail {
+        let stats = self.lock();
+        EndpointDetail {
+            consecutive_failures: stats.consecutive_failures,
+            last_failure_status: stats.last_failure_status,
+            ejection_capped: stats.ejection_capped,
+            kept_during_stall: stats.kept_during_stall,
+            flaps: stats.flaps,
+            next_probe: stats.next_probe,
+        }
     }
 
     /// Claim a background probe if one is due; the caller must report its outcome.
@@ -386,6 +713,17 @@ impl EndpointState {
             Ordering::Relaxed,
         );
     }
+}
+
+/// Failure and probe details of an endpoint, for `/debug/pools`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EndpointDetail {
+    pub(crate) consecutive_failures: u32,
+    pub(crate) last_failure_status: Option<u16>,
+    pub(crate) ejection_capped: bool,
+    pub(crate) kept_during_stall: bool,
+    pub(crate) flaps: u32,
+    pub(crate) next_probe: Option<Instant>,
 }
 
 /// Decrements the endpoint's in-flight count when dropped.

@@ -16,8 +16,9 @@
 //! * an **EWMA** of the same samples (α = 0.3 per sample) shows the trend in
 //!   `/debug/pools` and breaks ties between equally good fallbacks.
 //!
-//! Failed requests (reset, timeout) are stored as misses: they count against the SLO
-//! whatever the threshold. Reading never changes the estimator; `now` is always passed in.
+//! Failed requests (a failure status such as a fast `500`, a reset, a timeout, a refused
+//! connection, or an attempt still unanswered when the SLO passed) are stored as misses:
+//! they count against the SLO whatever the threshold. Reading never changes the estimator; `now` is always passed in.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -121,12 +122,21 @@ impl LatencyEstimator {
         self.total += 1;
     }
 
-    /// Forget every sample except the newest `keep` (used on re-admission, so a pod
-    /// that recovered is judged on its recovery, not on the history that evicted it).
+    /// Forget every sample except the newest `keep`.
     pub fn keep_newest(&mut self, keep: usize) {
         while self.samples.len() > keep {
             self.samples.pop_front();
         }
+    }
+
+    /// Forget the misses of `slo` taken before `before`, keeping every sample within it
+    /// (used on re-admission: the misses that evicted a pod are superseded by the
+    /// probes that show its recovery, while its good history stays as evidence, so one
+    /// ordinary outlier right after its return does not evict it again).
+    pub fn forget_misses_before(&mut self, before: Instant, slo: Duration) {
+        let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        self.samples
+            .retain(|s| s.at >= before || s.micros <= slo_us);
     }
 
     /// Measurements recorded over the estimator's life.
@@ -283,6 +293,19 @@ mod tests {
         assert_eq!(p.within_slo, 1);
         assert_eq!(p.quantile, Some(Duration::MAX));
         assert_eq!(p.ewma, Some(ms(1)));
+    }
+
+    #[test]
+    fn forgetting_old_misses_keeps_good_history_and_new_samples() {
+        let t0 = Instant::now();
+        let mut e = LatencyEstimator::new(8);
+        e.record(t0, ms(5));
+        e.record(t0, ms(500));
+        e.record_failure(t0);
+        e.record(t0 + ms(10), ms(6));
+        e.record(t0 + ms(20), ms(700));
+        e.forget_misses_before(t0 + ms(20), ms(100));
+        assert_eq!(e.count_within(t0 + ms(20), ms(1000), ms(100)), (3, 2));
     }
 
     #[test]

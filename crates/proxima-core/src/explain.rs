@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::endpoint::Admission;
+use crate::endpoint::{Admission, EvictionCause};
 use crate::router::{Router, ServiceRoute};
 
 #[derive(Debug, Serialize)]
@@ -40,6 +40,11 @@ pub struct ServiceExplain {
     pub eligible: usize,
     /// True when only terminating endpoints are left to serve.
     pub only_terminating: bool,
+    /// The `failure-status` set, as configured.
+    pub failure_status: String,
+    /// Endpoints out for consecutive failures, and how many may be at once.
+    pub failure_ejected: usize,
+    pub failure_ejection_cap: usize,
     pub warnings: Vec<String>,
     pub endpoints: Vec<EndpointExplain>,
 }
@@ -55,6 +60,8 @@ pub struct EndpointExplain {
     pub terminating: bool,
     pub in_pool: bool,
     pub admission: Admission,
+    /// Why it is out of the pool: `latency`, `consecutive-failures`, or `null` when in.
+    pub out_because: Option<EvictionCause>,
     /// One sentence: why it is (not) in the pool.
     pub reason: String,
     pub samples: usize,
@@ -65,6 +72,13 @@ pub struct EndpointExplain {
     pub in_flight: u32,
     pub requests: u64,
     pub failures: u64,
+    pub consecutive_failures: u32,
+    /// Share weight (1 = full; less during the slow start after re-admission).
+    pub weight: f64,
+    /// Evictions soon after a return, which lengthen the wait for the first probe.
+    pub flaps: u32,
+    /// When the next probe is due, ms from now (evicted endpoints only).
+    pub next_probe_ms: Option<f64>,
     pub cooldown_ms: Option<f64>,
 }
 
@@ -135,6 +149,8 @@ fn explain_route(
                     stats.admission,
                 )
             };
+            let detail = ep.state.detail();
+            let weight = ep.state.weight(now, s.qos_pool.slow_start);
             let eligible = route.eligible().contains(&i);
             let in_pool = pool.contains(&i);
             let cooldown = ep.state.cooldown_remaining(now);
@@ -153,7 +169,17 @@ fn explain_route(
                     "not ready".to_string()
                 }
             } else {
-                let base = match admission {
+                let failures = || match detail.last_failure_status {
+                    Some(status) => format!(
+                        "{} consecutive failures (last: status {status})",
+                        detail.consecutive_failures
+                    ),
+                    None => format!(
+                        "{} consecutive failures (last: no response)",
+                        detail.consecutive_failures
+                    ),
+                };
+                let mut base = match admission {
                     Admission::Warming if route.too_far(i, env, local_node, now).is_some() => {
                         format!(
                             "initial estimate: its node's RTT from here ({}ms) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
@@ -172,9 +198,11 @@ fn explain_route(
                         prediction.samples
                     ),
                     Admission::Evicted {
-                        consecutive_good, ..
+                        consecutive_good,
+                        cause: EvictionCause::Latency,
+                        ..
                     } => format!(
-                        "evicted: {} > {}ms ({}/{} within SLO); probing, {}/{} good probes to return",
+                        "evicted for latency: {} > {}ms ({}/{} within SLO); probing, {}/{} good probes to return",
                         over(),
                         ms(s.latency_slo),
                         prediction.within_slo,
@@ -182,7 +210,37 @@ fn explain_route(
                         consecutive_good,
                         s.qos_pool.readmit_after
                     ),
+                    Admission::Evicted {
+                        consecutive_good,
+                        cause: EvictionCause::ConsecutiveFailures,
+                        ..
+                    } => format!(
+                        "ejected for consecutive failures ({} or more in a row, qos-pool-eject-after); probing, {}/{} good probes to return",
+                        s.qos_pool.eject_after,
+                        consecutive_good,
+                        s.qos_pool.readmit_after
+                    ),
                 };
+                if admission.in_pool() && detail.ejection_capped {
+                    base = format!(
+                        "{base}; {} but not ejected: {} of {} pods are already out for failures (qos-pool-max-ejection-percent {})",
+                        failures(),
+                        route.failure_ejected(),
+                        route.eligible().len(),
+                        s.qos_pool.max_ejection_percent
+                    );
+                } else if admission.in_pool() && detail.kept_during_stall {
+                    base = format!(
+                        "{base}; kept in the pool although it misses the SLO: it is the last member and the proxy itself stalled within the last {}s",
+                        crate::router::STALL_MEMORY.as_secs()
+                    );
+                }
+                if admission.in_pool() && weight < 1.0 {
+                    base = format!(
+                        "{base}; slow start after re-admission: {:.0}% of a full share",
+                        weight * 100.0
+                    );
+                }
                 match cooldown {
                     Some(left) => format!(
                         "cooling down after connection failures ({:.0}ms left); {base}",
@@ -202,6 +260,10 @@ fn explain_route(
                 terminating: c.terminating,
                 in_pool,
                 admission,
+                out_because: match admission {
+                    Admission::Evicted { cause, .. } => Some(cause),
+                    _ => None,
+                },
                 reason,
                 samples: prediction.samples,
                 within_slo: prediction.within_slo,
@@ -210,6 +272,13 @@ fn explain_route(
                 in_flight: ep.state.in_flight(),
                 requests: ep.state.requests(),
                 failures: ep.state.failures(),
+                consecutive_failures: detail.consecutive_failures,
+                weight,
+                flaps: detail.flaps,
+                next_probe_ms: detail
+                    .next_probe
+                    .filter(|_| !admission.in_pool())
+                    .map(|at| ms(at.saturating_duration_since(now))),
                 cooldown_ms: cooldown.map(ms),
             }
         })
@@ -224,6 +293,9 @@ fn explain_route(
         pool_size: pool.len(),
         eligible: route.eligible().len(),
         only_terminating: route.only_terminating(),
+        failure_status: s.failure_status.as_str().to_string(),
+        failure_ejected: route.failure_ejected(),
+        failure_ejection_cap: route.ejection_cap(),
         warnings: route.warnings.iter().map(ToString::to_string).collect(),
         endpoints,
     }

@@ -22,7 +22,7 @@ pub mod router;
 pub mod settings;
 pub mod strategy;
 
-pub use endpoint::{Admission, EndpointState, InFlight, Outcome, PoolChange};
+pub use endpoint::{Admission, EndpointState, EvictionCause, InFlight, Outcome, PoolChange};
 pub use environment::{Environment, Usage};
 pub use estimator::{LatencyEstimator, Prediction};
 pub use model::{
@@ -33,5 +33,5 @@ pub use router::{
     ApplyReport, PickError, Picked, PortRef, ProbeTicket, RouteEndpoint, Router, ServiceRoute,
     Table,
 };
-pub use settings::{ServiceSettings, SettingError};
+pub use settings::{ServiceSettings, SettingError, StatusSet};
 pub use strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};

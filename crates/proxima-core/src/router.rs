@@ -9,13 +9,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
-use crate::endpoint::{EndpointState, InFlight, Outcome, PoolChange};
+use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange};
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
 use crate::settings::{ServiceSettings, SettingError};
@@ -72,7 +73,8 @@ impl ServiceRoute {
     }
 
     /// Rebuild the pool list: eligible endpoints admitted by their measurements, except
-    /// warming ones whose node is already too far away (see [`Self::too_far`]).
+    /// warming ones whose node is already too far away (see [`Self::too_far`]). Members
+    /// that just joined get their spreading counter level with the others'.
     fn refresh_pool(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
         let pool: Vec<usize> = self
             .eligible
@@ -82,7 +84,35 @@ impl ServiceRoute {
                 self.endpoints[i].state.in_pool() && self.too_far(i, env, local_node, now).is_none()
             })
             .collect();
+        let baseline = pool
+            .iter()
+            .map(|&i| &self.endpoints[i].state)
+            .filter(|s| !s.needs_baseline())
+            .map(|s| s.picks())
+            .min();
+        for &i in &pool {
+            self.endpoints[i].state.join_baseline(baseline);
+        }
         self.pool.store(Arc::new(pool));
+    }
+
+    /// How many of the eligible endpoints may be out for consecutive failures at once:
+    /// `max-ejection-percent` of them, rounded down, but at least one (as Envoy), unless
+    /// the percentage is 0.
+    pub fn ejection_cap(&self) -> usize {
+        let percent = self.spec.settings.qos_pool.max_ejection_percent;
+        if percent <= 0.0 {
+            return 0;
+        }
+        ((self.eligible.len() as f64 * percent / 100.0).floor() as usize).max(1)
+    }
+
+    /// Eligible endpoints currently out for consecutive failures.
+    pub fn failure_ejected(&self) -> usize {
+        self.eligible
+            .iter()
+            .filter(|&&i| self.endpoints[i].state.failure_ejected())
+            .count()
     }
 
     /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
@@ -148,10 +178,19 @@ pub struct Picked {
     pub index: usize,
     pub addr: SocketAddr,
     pub reason: Reason,
+    /// When it was picked: the start of the attempt.
+    pub at: Instant,
+    /// An overdue miss was stored for this attempt (see [`Router::record_overdue`]).
+    overdue: AtomicBool,
     _in_flight: InFlight,
 }
 
 impl Picked {
+    /// Whether an overdue miss has been stored for this attempt.
+    pub fn overdue(&self) -> bool {
+        self.overdue.load(Ordering::Relaxed)
+    }
+
     pub fn endpoint(&self) -> &Endpoint {
         &self.route.endpoints[self.index].endpoint
     }
@@ -210,7 +249,14 @@ pub struct Router {
     registry: StrategyRegistry,
     local_node: Option<String>,
     epoch: Instant,
+    /// Serialises failure ejections so the per-service cap holds under concurrency.
+    ejection: Mutex<()>,
+    /// When the data plane last reported a stall of its own (ns after `epoch`; 0: never).
+    last_stall: AtomicU64,
 }
+
+/// How long after a measured stall the pool's last member is not evicted for latency.
+pub const STALL_MEMORY: Duration = Duration::from_secs(5);
 
 impl Router {
     /// A router for a proxy on `local_node`, with the default strategies.
@@ -226,6 +272,28 @@ impl Router {
             registry,
             local_node,
             epoch: Instant::now(),
+            ejection: Mutex::new(()),
+            last_stall: AtomicU64::new(0),
+        }
+    }
+
+    /// The data plane measured a stall of its own (scheduling lag) ending at `now`.
+    pub fn note_stall(&self, now: Instant) {
+        let nanos = now.saturating_duration_since(self.epoch).as_nanos();
+        self.last_stall.store(
+            u64::try_from(nanos).unwrap_or(u64::MAX).max(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether a stall was reported within [`STALL_MEMORY`] before `now`.
+    pub fn stalled_recently(&self, now: Instant) -> bool {
+        match self.last_stall.load(Ordering::Relaxed) {
+            0 => false,
+            nanos => {
+                now.saturating_duration_since(self.epoch + Duration::from_nanos(nanos))
+                    <= STALL_MEMORY
+            }
         }
     }
 
@@ -374,7 +442,7 @@ impl Router {
                 .or_insert_with(|| Arc::new(EndpointState::new(&spec.settings, self.epoch)))
                 .clone();
             if settings_changed {
-                state.reevaluate(now, &spec.settings);
+                state.reevaluate(now, &spec.settings, previous.is_some());
             }
             endpoints.push(RouteEndpoint {
                 endpoint: endpoint.clone(),
@@ -450,7 +518,12 @@ impl Router {
             let endpoint = &route.endpoints[choice.index];
             match endpoint.endpoint.port(port_name) {
                 Some(p) => {
-                    return Ok(self.picked(route, choice, SocketAddr::new(endpoint.endpoint.ip, p)))
+                    return Ok(self.picked(
+                        route,
+                        choice,
+                        SocketAddr::new(endpoint.endpoint.ip, p),
+                        now,
+                    ))
                 }
                 None => excluded.push(choice.index),
             }
@@ -458,12 +531,20 @@ impl Router {
         Err(PickError::NoEndpoints)
     }
 
-    fn picked(&self, route: &Arc<ServiceRoute>, choice: Choice, addr: SocketAddr) -> Picked {
+    fn picked(
+        &self,
+        route: &Arc<ServiceRoute>,
+        choice: Choice,
+        addr: SocketAddr,
+        now: Instant,
+    ) -> Picked {
         Picked {
             route: route.clone(),
             index: choice.index,
             addr,
             reason: choice.reason,
+            at: now,
+            overdue: AtomicBool::new(false),
             _in_flight: route.endpoints[choice.index].state.start(),
         }
     }
@@ -471,11 +552,94 @@ impl Router {
     /// Report how an attempt went (Algorithm 1, `storeQoSMeasurements`). Returns the
     /// pool change it caused, if any.
     pub fn record(&self, picked: &Picked, now: Instant, outcome: Outcome) -> Option<PoolChange> {
-        let change = picked
-            .state()
-            .observe(now, outcome, picked.route.settings(), false);
+        self.record_stalled(picked, now, outcome, Duration::ZERO)
+    }
+
+    /// [`record`](Self::record) for an attempt during which the proxy itself was stalled
+    /// for `stall` (its measured scheduling lag): a response that misses the SLO by no
+    /// more than that is set aside rather than counted (see `endpoint.rs`).
+    pub fn record_stalled(
+        &self,
+        picked: &Picked,
+        now: Instant,
+        outcome: Outcome,
+        stall: Duration,
+    ) -> Option<PoolChange> {
+        let late = picked.overdue();
+        self.observe(picked, now, stall, |state, obs| {
+            let obs = Observation { late, ..obs };
+            state.observe(now, outcome, picked.route.settings(), &obs)
+        })
+    }
+
+    /// The attempt has had no response headers for longer than the SLO (and longer
+    /// than the SLO plus the proxy's own stall since it started): store a miss now.
+    /// Its eventual outcome, reported with `record`, adds no second sample. Returns the
+    /// pool change it caused; does nothing if already reported.
+    pub fn record_overdue(&self, picked: &Picked, now: Instant) -> Option<PoolChange> {
+        if picked.overdue.swap(true, Ordering::Relaxed) {
+            return None;
+        }
+        self.observe(picked, now, Duration::ZERO, |state, obs| {
+            state.observe_overdue(now, picked.route.settings(), &obs)
+        })
+    }
+
+    /// The client went away before the attempt was answered: "no answer after
+    /// `now - picked.at`" is a miss when that exceeds the SLO (less the proxy's own
+    /// `stall` meanwhile), and no evidence otherwise.
+    pub fn record_abandoned(
+        &self,
+        picked: &Picked,
+        now: Instant,
+        stall: Duration,
+    ) -> Option<PoolChange> {
+        let waited = now
+            .saturating_duration_since(picked.at)
+            .saturating_sub(stall);
+        if waited > picked.route.settings().latency_slo {
+            self.record_overdue(picked, now)
+        } else {
+            None
+        }
+    }
+
+    /// Run one observation of `picked`'s endpoint with the service-wide checks it needs
+    /// (the failure-ejection cap, the stall guard), then refresh the pool if it changed.
+    fn observe(
+        &self,
+        picked: &Picked,
+        now: Instant,
+        stall: Duration,
+        run: impl FnOnce(&EndpointState, Observation<'_>) -> Option<PoolChange>,
+    ) -> Option<PoolChange> {
+        let route = &picked.route;
+        let state = picked.state();
+        let may_eject = || {
+            let _one_at_a_time = self.ejection.lock().unwrap_or_else(|e| e.into_inner());
+            if route.failure_ejected() < route.ejection_cap() {
+                state.set_failure_ejected();
+                true
+            } else {
+                false
+            }
+        };
+        let keep_in_pool = || {
+            // Never let noise empty a pool that was healthy a moment ago: while the
+            // proxy has just measured a stall of its own, the last member stays.
+            let pool = route.pool();
+            pool.len() == 1 && pool[0] == picked.index && self.stalled_recently(now)
+        };
+        let obs = Observation {
+            from_probe: false,
+            late: false,
+            stall,
+            may_eject: &may_eject,
+            keep_in_pool: &keep_in_pool,
+        };
+        let change = run(state, obs);
         if change.is_some() {
-            self.refresh_pool(picked.route.key(), now);
+            self.refresh_pool(route.key(), now);
         }
         change
     }
@@ -533,7 +697,10 @@ impl Router {
         outcome: Outcome,
     ) -> Option<PoolChange> {
         ticket.done = true;
-        let change = ticket.state.observe(now, outcome, &ticket.settings, true);
+        let change =
+            ticket
+                .state
+                .observe(now, outcome, &ticket.settings, &Observation::plain(true));
         if change.is_some() {
             self.refresh_pool(&ticket.service, now);
         }

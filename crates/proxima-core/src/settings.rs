@@ -25,12 +25,23 @@ pub struct QosPoolParams {
     pub max_age: Duration,
     /// Consecutive probe measurements within the SLO needed to re-admit an endpoint.
     pub readmit_after: u32,
-    /// First interval between probes of an endpoint outside the pool; doubles up to
-    /// `probe_max_interval` while the endpoint keeps missing.
+    /// Interval between probes of an endpoint outside the pool while they succeed; it
+    /// doubles up to `probe_max_interval` while they keep missing.
     pub probe_interval: Duration,
     pub probe_max_interval: Duration,
     /// Path of the background probe request (`GET`).
     pub probe_path: String,
+    /// Consecutive failures (failure statuses, resets, timeouts, refused connections)
+    /// that take an endpoint out of the pool at once; 0 turns this off. Envoy's outlier
+    /// detection ejects after 5 consecutive 5xx, linkerd's failure accrual after 7.
+    pub eject_after: u32,
+    /// Largest share of a service's eligible endpoints, in percent, that may be out of
+    /// the pool for consecutive failures at one time (Envoy's `max_ejection_percent`);
+    /// at least one endpoint may always be ejected unless this is 0.
+    pub max_ejection_percent: f64,
+    /// How long a re-admitted endpoint takes to ramp up to its full share (Envoy's
+    /// `slow_start_config`); zero turns slow start off.
+    pub slow_start: Duration,
 }
 
 impl Default for QosPoolParams {
@@ -41,8 +52,14 @@ impl Default for QosPoolParams {
             max_age: Duration::from_secs(30),
             readmit_after: 3,
             probe_interval: Duration::from_millis(500),
-            probe_max_interval: Duration::from_secs(16),
+            // Short enough that a pod that recovers is back within a few seconds (a
+            // probe per 4 s per evicted pod costs little); pods that flap wait longer
+            // through the flap backoff (endpoint.rs).
+            probe_max_interval: Duration::from_secs(4),
             probe_path: "/".to_string(),
+            eject_after: 5,
+            max_ejection_percent: 50.0,
+            slow_start: Duration::from_secs(10),
         }
     }
 }
@@ -62,6 +79,9 @@ pub struct ServiceSettings {
     pub connect_timeout: Duration,
     /// `retries`: extra attempts on other endpoints (default 2).
     pub retries: u32,
+    /// `failure-status`: response statuses that count as failures, i.e. SLO misses,
+    /// however fast they come (default `5xx`).
+    pub failure_status: StatusSet,
     pub qos_pool: QosPoolParams,
     /// Every `<strategy>-<param>` key not known here, for strategy plugins.
     pub params: BTreeMap<String, String>,
@@ -76,6 +96,7 @@ impl Default for ServiceSettings {
             timeout: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(1),
             retries: 2,
+            failure_status: StatusSet::default(),
             qos_pool: QosPoolParams::default(),
             params: BTreeMap::new(),
         }
@@ -198,6 +219,30 @@ impl ServiceSettings {
                     .filter(|r| *r <= 10)
                     .ok_or_else(|| SettingError::new(key, value, "an integer from 0 to 10"))?;
             }
+            "failure-status" => {
+                self.failure_status = StatusSet::parse(value).ok_or_else(|| {
+                    SettingError::new(
+                        key,
+                        value,
+                        "status codes, classes and ranges separated by commas, e.g. \"5xx\", \
+                         \"5xx,429\", \"500-599\", \"503\", or \"none\"",
+                    )
+                })?;
+            }
+            "qos-pool-eject-after" => {
+                self.qos_pool.eject_after = parse_count(key, value, 0, 1000)? as u32;
+            }
+            "qos-pool-max-ejection-percent" => {
+                self.qos_pool.max_ejection_percent = value
+                    .trim_end_matches('%')
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=100.0).contains(p))
+                    .ok_or_else(|| {
+                        SettingError::new(key, value, "a percentage from 0 to 100, e.g. \"50\"")
+                    })?;
+            }
+            "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
             "qos-pool-window" => {
                 self.qos_pool.window = parse_count(key, value, 1, 4096)?;
             }
@@ -240,7 +285,8 @@ impl ServiceSettings {
                         key,
                         value,
                         "a known key: latency-slo, slo-percentile, strategy, timeout, \
-                         connect-timeout, retries, qos-pool-*, or <strategy>-<param>",
+                         connect-timeout, retries, failure-status, qos-pool-*, or \
+                         <strategy>-<param>",
                     ));
                 }
             }
@@ -253,6 +299,82 @@ impl ServiceSettings {
         self.params
             .get(&format!("{strategy}-{name}"))
             .map(String::as_str)
+    }
+}
+
+/// A set of HTTP status codes (the `failure-status` setting): classes (`5xx`), ranges
+/// (`500-599`) and single codes (`429`), separated by commas; `none` is the empty set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusSet {
+    ranges: Vec<(u16, u16)>,
+    text: String,
+}
+
+impl Default for StatusSet {
+    fn default() -> Self {
+        Self {
+            ranges: vec![(500, 599)],
+            text: "5xx".to_string(),
+        }
+    }
+}
+
+impl Serialize for StatusSet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl StatusSet {
+    /// Parse the setting's text; `None` when any part of it is not a valid form.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("none") {
+            return Some(Self {
+                ranges: Vec::new(),
+                text: "none".to_string(),
+            });
+        }
+        let code = |s: &str| {
+            s.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|c| (100..=599).contains(c))
+        };
+        let mut ranges = Vec::new();
+        for part in text.split(',') {
+            let part = part.trim();
+            let lower = part.to_ascii_lowercase();
+            let range = if let Some(class) = lower.strip_suffix("xx") {
+                let digit = class.parse::<u16>().ok().filter(|d| (1..=5).contains(d))?;
+                (digit * 100, digit * 100 + 99)
+            } else if let Some((from, to)) = part.split_once('-') {
+                let (from, to) = (code(from)?, code(to)?);
+                if from > to {
+                    return None;
+                }
+                (from, to)
+            } else {
+                let c = code(part)?;
+                (c, c)
+            };
+            ranges.push(range);
+        }
+        Some(Self {
+            ranges,
+            text: text.to_string(),
+        })
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(from, to)| (from..=to).contains(&status))
+    }
+
+    /// The setting as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 }
 
@@ -366,6 +488,50 @@ mod tests {
         ]);
         assert!(errors.is_empty());
         assert_eq!(s.latency_slo, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn failure_statuses_accept_classes_ranges_and_codes() {
+        let parse = |v: &str| {
+            let (s, errors) = ServiceSettings::from_pairs([("failure-status", v)]);
+            (s.failure_status, errors)
+        };
+        let (default, _) = parse("5xx");
+        assert_eq!(default, StatusSet::default());
+        assert!(default.contains(500) && default.contains(599) && !default.contains(429));
+        let (set, errors) = parse("5xx, 429");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(set.contains(503) && set.contains(429) && !set.contains(404));
+        let (set, _) = parse("500-503,4XX");
+        assert!(set.contains(502) && !set.contains(504) && set.contains(404));
+        let (set, _) = parse("none");
+        assert!(!set.contains(500));
+        for bad in ["", "6xx", "5x", "600", "503-500", "5xx,,429", "abc", "99"] {
+            let (set, errors) = parse(bad);
+            assert_eq!(set, StatusSet::default(), "{bad:?} falls back to 5xx");
+            assert_eq!(errors.len(), 1, "{bad:?}");
+            assert_eq!(errors[0].key, "failure-status");
+        }
+    }
+
+    #[test]
+    fn ejection_and_slow_start_settings() {
+        let (s, errors) = ServiceSettings::from_pairs([
+            ("qos-pool-eject-after", "7"),
+            ("qos-pool-max-ejection-percent", "34%"),
+            ("qos-pool-slow-start", "0s"),
+        ]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.qos_pool.eject_after, 7);
+        assert_eq!(s.qos_pool.max_ejection_percent, 34.0);
+        assert_eq!(s.qos_pool.slow_start, Duration::ZERO);
+        let (s, errors) = ServiceSettings::from_pairs([
+            ("qos-pool-eject-after", "-1"),
+            ("qos-pool-max-ejection-percent", "101"),
+            ("qos-pool-slow-start", "10"),
+        ]);
+        assert_eq!(errors.len(), 3);
+        assert_eq!(s.qos_pool, QosPoolParams::default());
     }
 
     #[test]

@@ -153,12 +153,12 @@ fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() 
     let router = router_with(1, s, t0);
     let mut rng = SmallRng::seed_from_u64(3);
     let t = t0;
-    let mut changes = vec![];
-    for _ in 0..3 {
-        let picked = router.pick(&key(), None, t, &mut rng, &[]).unwrap();
-        changes.extend(router.record(&picked, t, Outcome::Response { latency: ms(200) }));
-    }
-    assert_eq!(changes, [PoolChange::Evicted]);
+    // A warming pod whose every fresh sample misses is judged at once, even with fewer
+    // than `min_samples` of them.
+    let picked = router.pick(&key(), None, t, &mut rng, &[]).unwrap();
+    let change = router.record(&picked, t, Outcome::Response { latency: ms(200) });
+    assert_eq!(change, Some(PoolChange::Evicted));
+    drop(picked);
     assert!(pool_ids(&router).is_empty());
     // The pool is empty, yet requests still go out: to the best predicted endpoint.
     let picked = router.pick(&key(), None, t, &mut rng, &[]).unwrap();
@@ -211,10 +211,11 @@ fn a_failed_probe_ticket_dropped_unreported_frees_the_claim() {
     let s = settings(&[("latency-slo", "10ms"), ("qos-pool-probe-interval", "10ms")]);
     let router = router_with(1, s, t0);
     let mut rng = SmallRng::seed_from_u64(4);
-    for _ in 0..3 {
-        let p = router.pick(&key(), None, t0, &mut rng, &[]).unwrap();
-        router.record(&p, t0, Outcome::Failed);
-    }
+    let p = router.pick(&key(), None, t0, &mut rng, &[]).unwrap();
+    assert_eq!(
+        router.record(&p, t0, Outcome::Failed),
+        Some(PoolChange::Evicted)
+    );
     let t = t0 + ms(20);
     let tickets = router.due_probes(t);
     assert_eq!(tickets.len(), 1);
@@ -301,6 +302,11 @@ fn connection_failures_cool_an_endpoint_down_with_backoff() {
     let t0 = Instant::now();
     let router = router_with(2, slo80(), t0);
     let mut rng = SmallRng::seed_from_u64(7);
+    // Both pods have a good history, so one refused connection (a miss among many
+    // good samples) does not evict; it only cools the pod down.
+    for _ in 0..40 {
+        request(&router, t0, &mut rng, &|_| ms(10));
+    }
     // Fail pod-0's connection.
     let p = loop {
         let p = router.pick(&key(), None, t0, &mut rng, &[]).unwrap();

@@ -15,31 +15,55 @@
 //!   from this proxy (measured by the peer prober) already exceeds the SLO is kept out
 //!   (event 1 builds the initial pool "based on initial estimates, such as environmental
 //!   conditions"; see `ServiceRoute::too_far`).
-//! * **Spreading** uses power of two choices over the pool: two distinct members are
-//!   drawn at random and the one with fewer requests in flight through this proxy wins
-//!   (ties go to the first draw, itself random). With one sequential client this is a
-//!   uniform choice; under concurrency it steers away from queues without herding onto
-//!   the single least-loaded pod (Mitzenmacher, "The power of two choices").
+//! * **Spreading** is even, whatever the round-trip time to each member: two distinct
+//!   members are drawn at random and the one with the *lower spreading counter* wins
+//!   (ties go to the first draw, itself random). Each pick adds `1 / weight` to the
+//!   winner's counter (stride scheduling), so over any window every member's share is
+//!   the same, within a request or two, at any concurrency; a member that just
+//!   (re)joined starts level with the lowest counter in the pool, so it neither starves
+//!   nor takes a catch-up burst. Comparing requests *in flight* instead (the plain
+//!   power of two choices) is not even: by Little's law a member 50 ms away holds 25
+//!   times as many requests in flight as one 2 ms away for the same rate, and so loses
+//!   most comparisons (the issue measured a 2:1 split between a local and a remote pod).
+//! * **Saturation overrides evenness.** In-flight counts still decide when they show
+//!   that a member is actually saturated, i.e. it holds more requests than its latency
+//!   explains: `a` is saturated next to `b` when
+//!   `in_flight(a) ≥ 4 + 2 · in_flight(b) · latency(a) / latency(b)` (peak-EWMA latencies;
+//!   the ratio is 1 while either is unknown). Equal rates make in-flight counts
+//!   proportional to latency, so only a queue that builds up beyond that trips the rule;
+//!   the 4 keeps one or two concurrent requests from counting as saturation.
+//! * **Slow start**: a member re-admitted after an eviction has a weight that grows
+//!   linearly from 10% to 100% over `qos-pool-slow-start` (Envoy's `slow_start_config`
+//!   with aggression 1.0), so it takes a growing share rather than a burst.
 //! * **Re-admission**: evicted endpoints receive no client traffic; the data plane sends
-//!   them background probes with exponential backoff and they return after
-//!   `readmit_after` consecutive probes within the SLO (see `endpoint.rs`).
+//!   them background probes and they return after `readmit_after` consecutive probes
+//!   within the SLO (see `endpoint.rs` for the backoff, the failure rules and the flap
+//!   protection).
 //! * **Fallback** (documented behaviour, not in the paper): when the pool is empty, the
 //!   request still goes out, to the endpoint with the lowest
-//!   `predicted quantile × (in-flight + 1)`, so that a service whose SLO nobody can meet
-//!   degrades to "best effort" instead of failing.
+//!   `estimate × (in-flight + 1)`, so that a service whose SLO nobody can meet degrades
+//!   to "best effort" instead of failing. The estimate is the measured quantile at the
+//!   SLO percentile; for an endpoint without fresh measurements it is the round-trip
+//!   time to its node (0 on this node), or the SLO itself when that is unknown too, so
+//!   that an unknown pod is never taken for the best one. Failures rank last.
 //! * Instance state updates (event 2) rebuild the pool from the endpoints' current
 //!   conditions; measurements survive them.
+
+use std::time::Duration;
 
 use rand::{Rng, RngCore};
 
 use super::{Choice, PickContext, Reason, Strategy};
 
-/// QEdgeProxy's QoS pool with power-of-two-choices spreading (see the module docs).
+/// QEdgeProxy's QoS pool with even two-choice spreading (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct QosPool;
 
 /// Draws of two random pool members before scanning the pool for a usable one.
 const DRAWS: usize = 3;
+
+/// In-flight requests beyond what latency explains before a member counts as saturated.
+const SATURATION_SLACK: f64 = 4.0;
 
 impl Strategy for QosPool {
     fn name(&self) -> &'static str {
@@ -48,15 +72,11 @@ impl Strategy for QosPool {
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
         let pool = ctx.route.pool();
-        let in_pool = |index| Choice {
-            index,
-            reason: Reason::Pool,
-        };
-        match pool.len() {
-            0 => {}
-            1 if ctx.usable(pool[0]) => return Some(in_pool(pool[0])),
-            1 => {}
+        let chosen = match pool.len() {
+            0 => None,
+            1 => ctx.usable(pool[0]).then_some(pool[0]),
             n => {
+                let mut chosen = None;
                 for _ in 0..DRAWS {
                     let a = rng.gen_range(0..n);
                     let mut b = rng.gen_range(0..n - 1);
@@ -64,24 +84,35 @@ impl Strategy for QosPool {
                         b += 1;
                     }
                     let (a, b) = (pool[a], pool[b]);
-                    match (ctx.usable(a), ctx.usable(b)) {
-                        (true, true) => {
-                            let load = |i: usize| ctx.route.endpoints[i].state.in_flight();
-                            return Some(in_pool(if load(b) < load(a) { b } else { a }));
-                        }
-                        (true, false) => return Some(in_pool(a)),
-                        (false, true) => return Some(in_pool(b)),
-                        (false, false) => {}
+                    chosen = match (ctx.usable(a), ctx.usable(b)) {
+                        (true, true) => Some(prefer(ctx, a, b)),
+                        (true, false) => Some(a),
+                        (false, true) => Some(b),
+                        (false, false) => None,
+                    };
+                    if chosen.is_some() {
+                        break;
                     }
                 }
-                // Most of the pool is excluded or cooling down: choose among the rest.
-                let usable: Vec<usize> = pool.iter().copied().filter(|&i| ctx.usable(i)).collect();
-                if !usable.is_empty() {
-                    return Some(in_pool(usable[rng.gen_range(0..usable.len())]));
-                }
+                chosen.or_else(|| {
+                    // Most of the pool is excluded or cooling down: choose among the rest.
+                    let usable: Vec<usize> =
+                        pool.iter().copied().filter(|&i| ctx.usable(i)).collect();
+                    (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
+                })
             }
+        };
+        match chosen {
+            Some(index) => {
+                let state = &ctx.route.endpoints[index].state;
+                state.charge(state.weight(ctx.now, ctx.route.settings().qos_pool.slow_start));
+                Some(Choice {
+                    index,
+                    reason: Reason::Pool,
+                })
+            }
+            None => fallback(ctx),
         }
-        fallback(ctx)
     }
 
     fn probes_evicted(&self) -> bool {
@@ -89,13 +120,57 @@ impl Strategy for QosPool {
     }
 }
 
+/// The better of two usable pool members (see the module docs).
+fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
+    let state = |i: usize| &ctx.route.endpoints[i].state;
+    if saturated(ctx, a, b) {
+        return b;
+    }
+    if saturated(ctx, b, a) {
+        return a;
+    }
+    if state(b).picks() < state(a).picks() {
+        b
+    } else {
+        a
+    }
+}
+
+/// Whether `a` holds more requests in flight than its latency explains next to `b`.
+fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
+    let (sa, sb) = (&ctx.route.endpoints[a].state, &ctx.route.endpoints[b].state);
+    let ratio = match (sa.peak_ewma(ctx.now), sb.peak_ewma(ctx.now)) {
+        (Some(la), Some(lb)) if !lb.is_zero() => la.as_secs_f64() / lb.as_secs_f64(),
+        _ => 1.0,
+    };
+    f64::from(sa.in_flight()) >= SATURATION_SLACK + 2.0 * f64::from(sb.in_flight()) * ratio
+}
+
+/// The best estimate of an endpoint's response time at the SLO percentile, in µs (see
+/// the module docs); `u64::MAX` when its estimate is a failure.
+fn estimate_micros(ctx: &PickContext<'_>, index: usize) -> u64 {
+    let endpoint = &ctx.route.endpoints[index];
+    let measured = endpoint.state.score_micros();
+    if measured > 0 {
+        return measured;
+    }
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    match endpoint.endpoint.node.as_deref() {
+        Some(node) if Some(node) == ctx.local_node => 0,
+        Some(node) => ctx
+            .environment
+            .latency(node, ctx.now)
+            .map_or_else(|| micros(ctx.route.settings().latency_slo), micros),
+        None => micros(ctx.route.settings().latency_slo),
+    }
+}
+
 /// The best predicted candidate when no pool member can take the request.
 fn fallback(ctx: &PickContext<'_>) -> Option<Choice> {
     ctx.candidates()
         .min_by_key(|&i| {
-            let state = &ctx.route.endpoints[i].state;
-            let score = u128::from(state.score_micros());
-            (score * u128::from(state.in_flight() + 1), i)
+            let load = u128::from(ctx.route.endpoints[i].state.in_flight()) + 1;
+            (u128::from(estimate_micros(ctx, i)) * load, i)
         })
         .map(|index| Choice {
             index,
