@@ -24,8 +24,14 @@
 //! * **Timeout**: the service's `timeout` bounds the whole request up to response
 //!   headers; when it passes the client gets `504` and nothing is retried.
 //!
-//! Every attempt is reported to the router (`ConnectFailed`, `Response`, `Failed`), so
-//! the QoS pool and the connection cooldown see every failure.
+//! Every attempt is reported to the router (`ConnectFailed`, `Answered` with its status,
+//! `Failed`), so the QoS pool and the connection cooldown see every failure; a status in
+//! the service's `failure-status` set is a failure like a reset. While an attempt waits
+//! for response headers it is watched: once it has waited longer than the SLO it is
+//! stored as a miss at once (`Router::record_overdue`), and if the client goes away
+//! first, the wait so far is stored (`Router::record_abandoned`). Each report carries the
+//! proxy's own stall during the attempt (`stall.rs`), so that the proxy's lag is not
+//! held against the pod.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -244,6 +250,36 @@ fn prepare(req: Request<Incoming>, client_ip: &HeaderValue) -> Request<RequestBo
     Request::from_parts(parts, body)
 }
 
+/// Dropped with `armed` set when the client went away (HTTP/1 close, h2 reset) while an
+/// attempt was waiting for response headers: the wait so far is still a measurement.
+struct Abandoned<'a> {
+    proxy: &'a Proxy,
+    picked: &'a Picked,
+    service: &'a ServiceMetrics,
+    stall_start: Duration,
+    armed: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let now = Instant::now();
+        let stall = self.proxy.stall.total(now).saturating_sub(self.stall_start);
+        let endpoint = &self.picked.endpoint().id;
+        debug!(
+            service = self.service.label(),
+            %endpoint,
+            waited_ms = now.saturating_duration_since(self.picked.at).as_millis() as u64,
+            "the client went away before the endpoint answered"
+        );
+        if let Some(change) = self.proxy.router.record_abandoned(self.picked, now, stall) {
+            self.proxy.pool_changed(self.service, endpoint, change);
+        }
+    }
+}
+
 /// The answer to give when no further attempt is made.
 struct Failure {
     status: StatusCode,
@@ -289,10 +325,70 @@ impl Proxy {
         }
     }
 
-    fn record(&self, picked: &Picked, service: &ServiceMetrics, now: Instant, outcome: Outcome) {
-        if let Some(change) = self.router.record(picked, now, outcome) {
+    /// Report an attempt's outcome, with the proxy's own stall since `stall_start`.
+    fn record(
+        &self,
+        picked: &Picked,
+        service: &ServiceMetrics,
+        now: Instant,
+        outcome: Outcome,
+        stall_start: Duration,
+    ) {
+        let stall = self.stall.total(now).saturating_sub(stall_start);
+        if let Some(change) = self.router.record_stalled(picked, now, outcome, stall) {
             self.pool_changed(service, &picked.endpoint().id, change);
         }
+    }
+
+    /// Run one attempt on `picked`, watching it: once it has gone without response
+    /// headers for longer than the SLO (plus any stall of the proxy meanwhile), a miss
+    /// is stored at that moment, so a pod that hangs leaves the pool in about one SLO
+    /// rather than one `timeout`; if the client goes away first and this future is
+    /// dropped, "no answer after T" is stored (see [`Abandoned`]).
+    async fn watched(
+        &self,
+        picked: &Picked,
+        service: &ServiceMetrics,
+        stall_start: Duration,
+        slo: Duration,
+        attempt: impl std::future::Future<Output = Attempt>,
+    ) -> Attempt {
+        let mut abandoned = Abandoned {
+            proxy: self,
+            picked,
+            service,
+            stall_start,
+            armed: true,
+        };
+        tokio::pin!(attempt);
+        let mut overdue_at = picked.at + slo;
+        let result = loop {
+            tokio::select! {
+                biased;
+                result = &mut attempt => break result,
+                () = tokio::time::sleep_until(overdue_at.into()), if !picked.overdue() => {
+                    let now = Instant::now();
+                    let stall = self.stall.total(now).saturating_sub(stall_start);
+                    let waited = now.saturating_duration_since(picked.at).saturating_sub(stall);
+                    if waited > slo {
+                        debug!(
+                            service = service.label(),
+                            endpoint = %picked.endpoint().id,
+                            ?slo,
+                            "no response headers within the SLO: counted as a miss now"
+                        );
+                        if let Some(change) = self.router.record_overdue(picked, now) {
+                            self.pool_changed(service, &picked.endpoint().id, change);
+                        }
+                    } else {
+                        // The proxy itself stalled meanwhile: give the pod that time.
+                        overdue_at = picked.at + slo + stall + Duration::from_millis(1);
+                    }
+                }
+            }
+        };
+        abandoned.armed = false;
+        result
     }
 
     /// Answer a request that names no routable service or is malformed.
@@ -416,17 +512,26 @@ impl Proxy {
             let endpoint = service.endpoint(&picked.endpoint().id);
             let addr = picked.addr;
 
-            let failed = match attempt(&self.pool, addr, req, deadline, connect_timeout).await {
+            let stall_start = self.stall.total(attempt_start);
+            let sent = attempt(&self.pool, addr, req, deadline, connect_timeout);
+            let failed = match self
+                .watched(&picked, &service, stall_start, slo, sent)
+                .await
+            {
                 Attempt::Response(response, sender) => {
                     let now = Instant::now();
                     let latency = now.saturating_duration_since(attempt_start);
-                    self.record(&picked, &service, now, Outcome::Response { latency });
+                    let status = response.status().as_u16();
+                    let failure = picked.route.settings().failure_status.contains(status);
+                    let outcome = Outcome::Answered { latency, status };
+                    self.record(&picked, &service, now, outcome, stall_start);
                     endpoint.upstream_duration(latency);
                     let (mut parts, body) = response.into_parts();
                     endpoint.response(parts.status);
                     let elapsed = now.saturating_duration_since(start);
                     service.request_duration(elapsed);
-                    service.slo(elapsed <= slo);
+                    // A failure status misses the SLO however fast it came.
+                    service.slo(elapsed <= slo && !failure);
                     debug!(
                         service = service.label(),
                         endpoint = %picked.endpoint().id,
@@ -445,7 +550,8 @@ impl Proxy {
                     return Response::from_parts(parts, ResponseBody::upstream(body, finish));
                 }
                 Attempt::NotSent(back, error) => {
-                    self.record(&picked, &service, Instant::now(), Outcome::ConnectFailed);
+                    let now = Instant::now();
+                    self.record(&picked, &service, now, Outcome::ConnectFailed, stall_start);
                     endpoint.error(ErrorKind::Connect);
                     let error = describe(&error);
                     warn!(
@@ -464,7 +570,8 @@ impl Proxy {
                     }
                 }
                 Attempt::Failed(kind, error) => {
-                    self.record(&picked, &service, Instant::now(), Outcome::Failed);
+                    let now = Instant::now();
+                    self.record(&picked, &service, now, Outcome::Failed, stall_start);
                     endpoint.error(kind);
                     warn!(
                         service = service.label(),
@@ -494,7 +601,8 @@ impl Proxy {
                 }
                 Attempt::TimedOut { sent } => {
                     if sent {
-                        self.record(&picked, &service, Instant::now(), Outcome::Failed);
+                        let now = Instant::now();
+                        self.record(&picked, &service, now, Outcome::Failed, stall_start);
                     }
                     endpoint.error(ErrorKind::Timeout);
                     warn!(

@@ -15,6 +15,8 @@
 //! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
 //! * [`Metrics`]: Prometheus metrics.
 //! * `prober`: background probes ([`run_prober`]).
+//! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
+//!   against the pods.
 
 mod body;
 mod config;
@@ -25,6 +27,7 @@ mod pool;
 mod prober;
 mod reply;
 mod server;
+mod stall;
 pub mod target;
 
 use std::sync::Arc;
@@ -42,6 +45,7 @@ pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
 
 use pool::ConnPool;
+use stall::StallMeter;
 
 /// The data plane: routing table, metrics, settings and upstream connections, shared by
 /// every connection and by the prober.
@@ -51,6 +55,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     config: ProxyConfig,
     pool: Arc<ConnPool>,
+    /// The proxy's own scheduling lag (see `stall.rs`).
+    stall: Arc<StallMeter>,
 }
 
 impl Proxy {
@@ -59,11 +65,14 @@ impl Proxy {
             config.pool_idle_timeout,
             config.upstream_bind,
         ));
+        let stall = Arc::new(StallMeter::new());
+        StallMeter::spawn(&stall, &router);
         Arc::new(Self {
             router,
             metrics,
             config,
             pool,
+            stall,
         })
     }
 

@@ -81,6 +81,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
     let outcome = match attempt(&proxy.pool, ticket.addr, req, deadline, ticket.timeout).await {
         Attempt::Response(response, sender) => {
             let latency = start.elapsed();
+            let status = response.status().as_u16();
             // Read the body so that the connection can be reused.
             let mut body = response.into_body();
             let drained = tokio::time::timeout_at(deadline.into(), async {
@@ -97,7 +98,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
             if drained == Ok(true) {
                 proxy.pool.put(ticket.addr, sender);
             }
-            Outcome::Response { latency }
+            Outcome::Answered { latency, status }
         }
         Attempt::NotSent(_, error) => {
             debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe could not connect");
@@ -109,15 +110,17 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
         }
         Attempt::TimedOut { .. } => Outcome::Failed,
     };
-    let slo = proxy
-        .router
-        .table()
+    let table = proxy.router.table();
+    let settings = table
         .services
         .get(&ticket.service)
-        .map(|route| route.settings().latency_slo);
+        .map(|route| route.settings());
+    let met = |latency| settings.is_some_and(|s| latency <= s.latency_slo);
+    let failure = |status| settings.is_some_and(|s| s.failure_status.contains(status));
     let result = match outcome {
-        Outcome::Response { latency } if slo.is_some_and(|slo| latency <= slo) => "met",
-        Outcome::Response { .. } => "missed",
+        Outcome::Answered { status, .. } if failure(status) => "error",
+        Outcome::Answered { latency, .. } | Outcome::Response { latency } if met(latency) => "met",
+        Outcome::Answered { .. } | Outcome::Response { .. } => "missed",
         _ => "error",
     };
     proxy.metrics.probe(&service, result);
