@@ -47,7 +47,7 @@ fn key() -> ServiceKey {
     ServiceKey::new("default", "svc")
 }
 
-fn spec(slo_ms: u16, strategy: &str) -> ServiceSpec {
+fn spec(slo_ms: u16, strategy: &str, internal_local: bool) -> ServiceSpec {
     let slo = format!("{slo_ms}ms");
     let (settings, errors) = ServiceSettings::from_pairs([
         ("latency-slo", slo.as_str()),
@@ -55,7 +55,9 @@ fn spec(slo_ms: u16, strategy: &str) -> ServiceSpec {
         ("qos-pool-probe-interval", "100ms"),
     ]);
     assert!(errors.is_empty());
-    ServiceSpec::new(key(), vec![], settings)
+    let mut spec = ServiceSpec::new(key(), vec![], settings);
+    spec.traffic.internal_local = internal_local;
+    spec
 }
 
 fn endpoint(i: u8, ready: bool, serving: bool, terminating: bool) -> Endpoint {
@@ -75,11 +77,16 @@ fn endpoint(i: u8, ready: bool, serving: bool, terminating: bool) -> Endpoint {
     })
 }
 
-fn check(strategy: &str, seed: u64, ops: Vec<Op>) {
+/// `internal_local`: the Service has `internalTrafficPolicy: Local` (only the
+/// `kube-proxy` strategy reads it).
+fn check(strategy: &str, seed: u64, ops: Vec<Op>, internal_local: bool) {
     let t0 = Instant::now();
     let mut now = t0;
     let router = Router::new(Some("node-a".into()));
-    router.apply([Update::UpsertService(spec(80, strategy))], now);
+    router.apply(
+        [Update::UpsertService(spec(80, strategy, internal_local))],
+        now,
+    );
     let mut rng = SmallRng::seed_from_u64(seed);
     for op in ops {
         match op {
@@ -102,7 +109,10 @@ fn check(strategy: &str, seed: u64, ops: Vec<Op>) {
                 );
             }
             Op::Slo(ms) => {
-                router.apply([Update::UpsertService(spec(ms, strategy))], now);
+                router.apply(
+                    [Update::UpsertService(spec(ms, strategy, internal_local))],
+                    now,
+                );
             }
             Op::Advance(ms) => now += Duration::from_millis(u64::from(ms)),
             Op::Probe { latency_ms } => {
@@ -132,8 +142,31 @@ fn check(strategy: &str, seed: u64, ops: Vec<Op>) {
                         c.serving && c.terminating
                     });
                 }
-                let allowed: Vec<usize> = route
-                    .eligible()
+                // Which endpoints may be picked: the eligible ones; under kube-proxy's
+                // `internalTrafficPolicy: Local`, the local ready ones, or the local
+                // serving-terminating ones when no local endpoint is ready (decided
+                // among the local endpoints alone, whatever the other nodes have).
+                let may_take: Vec<usize> = if internal_local && strategy == "kube-proxy" {
+                    let local =
+                        |i: usize| route.endpoints[i].endpoint.node.as_deref() == Some("node-a");
+                    let conditions = |i: usize| route.endpoints[i].endpoint.conditions;
+                    let all = 0..route.endpoints.len();
+                    let local_ready: Vec<usize> = all
+                        .clone()
+                        .filter(|&i| local(i) && conditions(i).ready)
+                        .collect();
+                    if local_ready.is_empty() {
+                        all.filter(|&i| {
+                            local(i) && conditions(i).serving && conditions(i).terminating
+                        })
+                        .collect()
+                    } else {
+                        local_ready
+                    }
+                } else {
+                    route.eligible().to_vec()
+                };
+                let allowed: Vec<usize> = may_take
                     .iter()
                     .copied()
                     .filter(|&i| !exclude.contains(&route.endpoints[i].endpoint.id))
@@ -165,8 +198,9 @@ fn check(strategy: &str, seed: u64, ops: Vec<Op>) {
                     Err(e) => {
                         assert_eq!(e, PickError::NoEndpoints);
                         // Invariant: no endpoint is refused while one is allowed, except by
-                        // strategies whose policy restricts where traffic may go.
-                        if !matches!(strategy, "local" | "kube-proxy") {
+                        // `local`, whose policy restricts where traffic may go (kube-proxy's policy is
+                        // already in `allowed`).
+                        if strategy != "local" {
                             assert!(allowed.is_empty(), "refused with {allowed:?} allowed");
                         }
                     }
@@ -191,12 +225,12 @@ proptest! {
 
     #[test]
     fn qos_pool_invariants(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..150)) {
-        check("qos-pool", seed, ops);
+        check("qos-pool", seed, ops, false);
     }
 
     #[test]
     fn round_robin_invariants(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..100)) {
-        check("round-robin", seed, ops);
+        check("round-robin", seed, ops, false);
     }
 
     #[test]
@@ -205,11 +239,19 @@ proptest! {
         strategy in prop::sample::select(vec!["rap", "proximity", "local", "kube-proxy", "p2c-ewma"]),
         ops in proptest::collection::vec(op(), 1..100),
     ) {
-        check(strategy, seed, ops);
+        check(strategy, seed, ops, false);
+    }
+
+    #[test]
+    fn kube_proxy_local_policy_invariants(
+        seed in any::<u64>(),
+        ops in proptest::collection::vec(op(), 1..100),
+    ) {
+        check("kube-proxy", seed, ops, true);
     }
 
     #[test]
     fn random_invariants(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..100)) {
-        check("random", seed, ops);
+        check("random", seed, ops, false);
     }
 }

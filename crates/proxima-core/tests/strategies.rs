@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use proxima_core::strategy::{Decay, Proximity};
 use proxima_core::{
-    Endpoint, Hints, Node, Outcome, PickError, Router, ServiceKey, ServiceSettings, ServiceSpec,
-    TrafficPolicy, Update, Usage,
+    Conditions, Endpoint, Hints, Node, Outcome, PickError, Router, ServiceKey, ServiceSettings,
+    ServiceSpec, TrafficPolicy, Update, Usage,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -508,31 +508,189 @@ fn kube_proxy_zone_hints_are_all_or_nothing() {
     }
 }
 
+/// EndpointSlice conditions: (ready, serving, terminating).
+type Flags = (bool, bool, bool);
+/// A pod: its node, conditions and zone hints.
+type Pod<'a> = (&'a str, Flags, &'a [&'a str]);
+
+/// Replace the endpoints with `pods`, named `pod-<i>` in order.
+fn with_conditions(router: &Router, pods: &[Pod<'_>]) {
+    let nodes: Vec<&str> = pods.iter().map(|p| p.0).collect();
+    let mut eps = endpoints(&nodes);
+    for (e, (_, (ready, serving, terminating), zones)) in eps.iter_mut().zip(pods) {
+        e.conditions = Conditions {
+            ready: *ready,
+            serving: *serving,
+            terminating: *terminating,
+        };
+        e.hints.for_zones = zones.iter().map(|z| z.to_string()).collect();
+    }
+    router.apply(
+        [Update::SetEndpoints {
+            service: key(),
+            endpoints: eps,
+        }],
+        Instant::now(),
+    );
+}
+
+const READY: Flags = (true, true, false);
+const SERVING_TERMINATING: Flags = (false, true, true);
+const GONE: Flags = (false, false, true);
+
 #[test]
-fn kube_proxy_traffic_distribution_derives_hints_like_the_endpointslice_controller() {
+fn kube_proxy_local_policy_decides_the_terminating_fallback_among_local_endpoints() {
+    let now = Instant::now();
+    let local = TrafficPolicy {
+        internal_local: true,
+        ..Default::default()
+    };
+    let r = router(
+        "node-2a",
+        &[("strategy", "kube-proxy")],
+        &["node-1a"],
+        local,
+    );
+    // A ready pod elsewhere does not stop the local terminating fallback.
+    with_conditions(
+        &r,
+        &[
+            ("node-1a", READY, &[]),
+            ("node-2a", SERVING_TERMINATING, &[]),
+            ("node-2a", GONE, &[]),
+        ],
+    );
+    assert_eq!(ids(&distribution(&r, now, 200, 30)), ["pod-1"]);
+    // A ready local pod wins over the local terminating one.
+    with_conditions(
+        &r,
+        &[
+            ("node-2a", READY, &[]),
+            ("node-2a", SERVING_TERMINATING, &[]),
+            ("node-1a", READY, &[]),
+        ],
+    );
+    assert_eq!(ids(&distribution(&r, now, 200, 31)), ["pod-0"]);
+    // Only terminating-but-not-serving pods here: dropped, even with ready pods elsewhere.
+    with_conditions(&r, &[("node-2a", GONE, &[]), ("node-1a", READY, &[])]);
+    assert_eq!(
+        ids(&distribution(&r, now, 10, 32)),
+        ["error: no ready endpoints"]
+    );
+}
+
+#[test]
+fn kube_proxy_ignores_hints_when_no_endpoint_is_ready() {
+    let now = Instant::now();
+    let r = router(
+        "node-2b",
+        &[("strategy", "kube-proxy")],
+        &["node-1a"],
+        TrafficPolicy::default(),
+    );
+    // Every endpoint terminating: the fallback takes all serving ones, hints or not.
+    with_conditions(
+        &r,
+        &[
+            ("node-1a", SERVING_TERMINATING, &["zone-1"]),
+            ("node-2b", SERVING_TERMINATING, &["zone-2"]),
+            ("node-3b", SERVING_TERMINATING, &["zone-3"]),
+            ("node-2b", GONE, &["zone-2"]),
+        ],
+    );
+    assert_eq!(
+        ids(&distribution(&r, now, 500, 33)),
+        ["pod-0", "pod-1", "pod-2"]
+    );
+}
+
+#[test]
+fn kube_proxy_topology_is_decided_by_the_ready_endpoints_hints() {
+    let now = Instant::now();
+    let r = router(
+        "node-2b",
+        &[("strategy", "kube-proxy")],
+        &["node-1a"],
+        TrafficPolicy::default(),
+    );
+    // A terminating endpoint without hints does not turn topology off; it is not
+    // used either, since ready endpoints exist.
+    with_conditions(
+        &r,
+        &[
+            ("node-1a", READY, &["zone-1"]),
+            ("node-2b", READY, &["zone-2"]),
+            ("node-2b", SERVING_TERMINATING, &[]),
+        ],
+    );
+    assert_eq!(ids(&distribution(&r, now, 200, 34)), ["pod-1"]);
+}
+
+#[test]
+fn kube_proxy_partly_hinted_endpoints_turn_topology_off_without_deriving_hints() {
     let now = Instant::now();
     let pods = ["node-1a", "node-2b", "node-2c", "node-3b"];
-    let close = TrafficPolicy {
-        traffic_distribution: Some("PreferClose".into()),
-        ..Default::default()
-    };
-    let r = router("node-2b", &[("strategy", "kube-proxy")], &pods, close);
-    // Zone of node-2b and node-2c is zone-2: both are "close".
-    assert_eq!(ids(&distribution(&r, now, 500, 19)), ["pod-1", "pod-2"]);
-    let same_node = TrafficPolicy {
-        traffic_distribution: Some("PreferSameNode".into()),
-        ..Default::default()
-    };
+    for distribution_name in ["PreferClose", "PreferSameZone", "PreferSameNode"] {
+        let policy = TrafficPolicy {
+            traffic_distribution: Some(distribution_name.into()),
+            ..Default::default()
+        };
+        // The Service asks for a distribution, but the slice carries no hints: topology
+        // is off (the EndpointSlice controller writes hints, kube-proxy never derives them).
+        let r = router("node-2b", &[("strategy", "kube-proxy")], &pods, policy);
+        assert_eq!(
+            ids(&distribution(&r, now, 500, 35)),
+            ["pod-0", "pod-1", "pod-2", "pod-3"],
+            "{distribution_name}"
+        );
+        // Hinted except one ready endpoint: still off.
+        with_conditions(
+            &r,
+            &[
+                ("node-1a", READY, &["zone-1"]),
+                ("node-2b", READY, &["zone-2"]),
+                ("node-2c", READY, &["zone-2"]),
+                ("node-3b", READY, &[]),
+            ],
+        );
+        assert_eq!(
+            ids(&distribution(&r, now, 500, 36)),
+            ["pod-0", "pod-1", "pod-2", "pod-3"],
+            "{distribution_name}"
+        );
+    }
+}
+
+#[test]
+fn kube_proxy_node_hints_come_first_then_zone_hints() {
+    let now = Instant::now();
+    let pods = ["node-1a", "node-2b", "node-2c"];
     let r = router(
         "node-2b",
         &[("strategy", "kube-proxy")],
         &pods,
-        same_node.clone(),
+        TrafficPolicy::default(),
     );
-    assert_eq!(ids(&distribution(&r, now, 500, 20)), ["pod-1"]);
-    // No pod on this node: falls back to the zone, then to everything.
-    let r = router("node-2x", &[("strategy", "kube-proxy")], &pods, same_node);
-    assert_eq!(ids(&distribution(&r, now, 500, 21)), ["pod-1", "pod-2"]);
+    let hinted = |nodes: [&[&str]; 3]| {
+        with_hints(
+            &r,
+            &[
+                (&["zone-1"], nodes[0]),
+                (&["zone-2"], nodes[1]),
+                (&["zone-2"], nodes[2]),
+            ],
+            &pods,
+        )
+    };
+    // Every endpoint node-hinted, one for this node: only that one.
+    hinted([&["node-1a"], &["node-2b"], &["node-2c"]]);
+    assert_eq!(ids(&distribution(&r, now, 300, 37)), ["pod-1"]);
+    // Node hints on all, none for this node: the zone hints decide.
+    hinted([&["node-1a"], &["node-2x"], &["node-2c"]]);
+    assert_eq!(ids(&distribution(&r, now, 300, 38)), ["pod-1", "pod-2"]);
+    // Node hints missing on one: the zone hints decide.
+    hinted([&["node-1a"], &["node-2b"], &[]]);
+    assert_eq!(ids(&distribution(&r, now, 300, 39)), ["pod-1", "pod-2"]);
 }
 
 // ---------------------------------------------------------------- p2c-ewma

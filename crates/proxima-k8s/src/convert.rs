@@ -4,8 +4,10 @@
 //! then joins a Service with all of its EndpointSlices. The API's documented defaults are
 //! applied here:
 //!
-//! * `conditions.ready` nil means ready; `serving` nil defers to `ready`; `terminating`
-//!   nil means not terminating (EndpointConditions, discovery.k8s.io/v1).
+//! * `conditions.ready` and `serving` nil mean true, `terminating` nil means false, as
+//!   kube-proxy reads them (EndpointConditions, discovery.k8s.io/v1). `serving` does not
+//!   follow `ready`: a not-ready endpoint without a `serving` condition counts as
+//!   serving, which only matters when it is also terminating.
 //! * An EndpointSlice port's `name` is the name of the Service port it serves and its
 //!   `port` the resolved target port, so ports are matched by name. A slice written by
 //!   hand may instead name the port after a Service port's named `targetPort`; such
@@ -186,7 +188,7 @@ fn endpoint(e: &discovery::Endpoint, ports: &[EndpointPort]) -> Option<Endpoint>
     let ready = c.ready.unwrap_or(true);
     let conditions = Conditions {
         ready,
-        serving: c.serving.unwrap_or(ready),
+        serving: c.serving.unwrap_or(true),
         terminating: c.terminating.unwrap_or(false),
     };
     let hints = e.hints.clone().unwrap_or_default();

@@ -364,14 +364,15 @@ fn readiness_flips_and_api_defaults() {
         .iter()
         .map(|e| e.endpoint.conditions)
         .collect();
-    // nil ready means ready; nil serving defers to ready; nil terminating means false.
+    // nil ready and serving mean true (serving does not follow ready, as in kube-proxy);
+    // nil terminating means false.
     assert_eq!(
         (c[1].ready, c[1].serving, c[1].terminating),
         (true, true, false)
     );
     assert_eq!(
         (c[2].ready, c[2].serving, c[2].terminating),
-        (false, false, false)
+        (false, true, false)
     );
     assert_eq!(route.eligible(), [0, 1]);
 

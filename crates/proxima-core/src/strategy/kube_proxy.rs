@@ -2,23 +2,31 @@
 //! `CategorizeEndpoints` (pkg/proxy/topology.go), then a uniformly random endpoint, as
 //! its iptables mode does.
 //!
-//! * `internalTrafficPolicy: Local`: only endpoints on this node; none means the traffic
-//!   is dropped (503 here), never sent elsewhere.
-//! * Otherwise topology hints, **all or nothing**: with node hints (PreferSameNode),
-//!   if every endpoint carries `hints.forNodes` and at least one names this node, only
-//!   those are used; with zone hints (PreferClose / PreferSameZone, and the older
-//!   topology-aware-hints annotation), if every endpoint carries `hints.forZones` and at
-//!   least one names this node's zone, only those are used. If any endpoint lacks hints,
-//!   or none matches, all endpoints are used.
-//! * Where the EndpointSlice carries no hints but the Service asks for a
-//!   `trafficDistribution`, the hints the EndpointSlice controller would have written are
-//!   derived (each endpoint hinted for its own zone, and for its own node under
-//!   PreferSameNode), so the file source and test clusters without that controller
-//!   behave like a real cluster.
+//! Conditions are the EndpointSlice's, as kube-proxy reads them: `ready` and `serving`
+//! absent mean true, `terminating` absent means false (the discovery sources apply that).
 //!
-//! Which endpoints are ready, or serving while terminating, is decided by the router as
-//! kube-proxy does. kube-proxy knows nothing about cooldowns: an endpoint cooling down
-//! after connection failures is only avoided while another filtered one is usable.
+//! * `internalTrafficPolicy: Local`: only endpoints on this node. The ready local ones;
+//!   when no local endpoint is ready, the local ones that are serving while terminating,
+//!   **decided among the local endpoints alone** (ready pods on other nodes do not stop
+//!   the local terminating fallback). None means the traffic is dropped (503 here),
+//!   never sent elsewhere. Topology hints do not apply.
+//! * Otherwise (`Cluster`) the topology mode is chosen from the hints of the **ready**
+//!   endpoints only; with no ready endpoint there is no topology:
+//!   - same node, when every ready endpoint carries `hints.forNodes` and at least one
+//!     names this node (kube-proxy's `PreferSameTrafficDistribution` gate, on by default);
+//!   - else same zone, when every ready endpoint carries `hints.forZones` and at least
+//!     one names this node's zone;
+//!   - else none: a set that is only partly hinted, or has no hint for here, turns
+//!     topology off and every ready endpoint is used.
+//!
+//!   The ready endpoints the mode allows are used; when none is ready, every endpoint
+//!   serving while terminating (whatever its hints).
+//! * Hints are only ever the EndpointSlice's: the Service's `trafficDistribution` is not
+//!   turned into hints here (that is the EndpointSlice controller's job; a source without
+//!   that controller, such as the topology file, states the hints it wants).
+//!
+//! kube-proxy knows nothing about cooldowns: an endpoint cooling down after connection
+//! failures is only avoided while another filtered one is usable.
 
 use rand::{Rng, RngCore};
 
@@ -29,78 +37,91 @@ use crate::model::Endpoint;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KubeProxy;
 
-enum HintMode {
-    Nodes,
-    Zones,
+/// The topology mode kube-proxy chose for a Service on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology<'a> {
+    /// No topology: every ready endpoint.
+    Off,
+    /// Only endpoints hinted for this node.
+    SameNode(&'a str),
+    /// Only endpoints hinted for this zone.
+    SameZone(&'a str),
 }
 
-/// The hints kube-proxy would see for an endpoint.
-fn hints<'a>(endpoint: &'a Endpoint, mode: &HintMode, derived: bool) -> Vec<&'a str> {
-    let explicit: Vec<&str> = match mode {
-        HintMode::Nodes => endpoint
-            .hints
-            .for_nodes
-            .iter()
-            .map(String::as_str)
-            .collect(),
-        HintMode::Zones => endpoint
-            .hints
-            .for_zones
-            .iter()
-            .map(String::as_str)
-            .collect(),
-    };
-    if !explicit.is_empty() || !derived {
-        return explicit;
+impl Topology<'_> {
+    fn allows(&self, endpoint: &Endpoint) -> bool {
+        match self {
+            Topology::Off => true,
+            Topology::SameNode(node) => endpoint.hints.for_nodes.iter().any(|n| n == node),
+            Topology::SameZone(zone) => endpoint.hints.for_zones.iter().any(|z| z == zone),
+        }
     }
-    match mode {
-        HintMode::Nodes => endpoint.node.as_deref().into_iter().collect(),
-        HintMode::Zones => endpoint.zone.as_deref().into_iter().collect(),
+}
+
+/// kube-proxy's `topologyModeFromHints`: decided over the ready endpoints only.
+fn topology_mode<'a>(
+    ready: &[&Endpoint],
+    node: Option<&'a str>,
+    zone: Option<&'a str>,
+) -> Topology<'a> {
+    if ready.is_empty() {
+        return Topology::Off;
     }
+    let all_node_hinted = ready.iter().all(|e| !e.hints.for_nodes.is_empty());
+    if let Some(node) = node {
+        if all_node_hinted && ready.iter().any(|e| Topology::SameNode(node).allows(e)) {
+            return Topology::SameNode(node);
+        }
+    }
+    let all_zone_hinted = ready.iter().all(|e| !e.hints.for_zones.is_empty());
+    if let Some(zone) = zone {
+        if all_zone_hinted && ready.iter().any(|e| Topology::SameZone(zone).allows(e)) {
+            return Topology::SameZone(zone);
+        }
+    }
+    Topology::Off
 }
 
 impl KubeProxy {
-    /// The endpoint indices kube-proxy would route to from this node.
+    /// The endpoint indices kube-proxy would route to from this node (see the module
+    /// docs). Conditions are read from every endpoint of the Service, not from the
+    /// router's [`eligible`](crate::router::ServiceRoute::eligible) set, because the
+    /// `Local` policy decides its terminating fallback on its own.
     pub fn filter(&self, ctx: &PickContext<'_>) -> Vec<usize> {
-        let route = ctx.route;
-        let eligible = route.eligible();
-        let node_of = |i: usize| route.endpoints[i].endpoint.node.as_deref();
-        if route.spec.traffic.internal_local {
-            return eligible
-                .iter()
-                .copied()
-                .filter(|&i| ctx.local_node.is_some() && node_of(i) == ctx.local_node)
+        let endpoints = &ctx.route.endpoints;
+        let all = || 0..endpoints.len();
+        let endpoint = |i: usize| &endpoints[i].endpoint;
+        let ready = |i: usize| endpoint(i).conditions.ready;
+        let serving_terminating = |i: usize| {
+            let c = endpoint(i).conditions;
+            c.serving && c.terminating
+        };
+        if ctx.route.spec.traffic.internal_local {
+            let Some(here) = ctx.local_node else {
+                return Vec::new();
+            };
+            let local = |i: usize| endpoint(i).node.as_deref() == Some(here);
+            let local_ready: Vec<usize> = all().filter(|&i| local(i) && ready(i)).collect();
+            if !local_ready.is_empty() {
+                return local_ready;
+            }
+            return all()
+                .filter(|&i| local(i) && serving_terminating(i))
                 .collect();
         }
-        let distribution = route.spec.traffic.traffic_distribution.as_deref();
-        let derived = distribution.is_some();
-        let local_zone = ctx
+        let zone = ctx
             .local_node
             .and_then(|n| ctx.nodes.get(n))
             .and_then(|n| n.zone.as_deref());
-        let mut modes = Vec::new();
-        if distribution == Some("PreferSameNode") {
-            modes.push((HintMode::Nodes, ctx.local_node));
+        let ready_endpoints: Vec<&Endpoint> = all().filter(|&i| ready(i)).map(endpoint).collect();
+        let mode = topology_mode(&ready_endpoints, ctx.local_node, zone);
+        let cluster: Vec<usize> = all()
+            .filter(|&i| ready(i) && mode.allows(endpoint(i)))
+            .collect();
+        if !cluster.is_empty() {
+            return cluster;
         }
-        modes.push((HintMode::Zones, local_zone));
-        for (mode, here) in modes {
-            let Some(here) = here else { continue };
-            let all_hinted = eligible
-                .iter()
-                .all(|&i| !hints(&route.endpoints[i].endpoint, &mode, derived).is_empty());
-            if !all_hinted {
-                continue;
-            }
-            let matching: Vec<usize> = eligible
-                .iter()
-                .copied()
-                .filter(|&i| hints(&route.endpoints[i].endpoint, &mode, derived).contains(&here))
-                .collect();
-            if !matching.is_empty() {
-                return matching;
-            }
-        }
-        eligible.to_vec()
+        all().filter(|&i| serving_terminating(i)).collect()
     }
 }
 

@@ -16,7 +16,7 @@
 //!         node: worker-1                  # optional; must be a listed node if nodes are listed
 //!         zone: edge-a                    # optional, defaults to the node's zone
 //!         ready: true                     # optional conditions: ready and serving default
-//!         serving: true                   #   to true (serving follows ready),
+//!         serving: true                   #   to true (each on its own, as kube-proxy),
 //!         terminating: false              #   terminating to false
 //!         hints: { for-zones: [edge-a] }  # optional topology hints
 //! emulate: ...                            # optional, read by `proxima demo` only
@@ -220,8 +220,7 @@ services:
         node: worker-2
         zone: edge-c
         ready: false
-        terminating: true
-        serving: true
+        terminating: true   # serving unset: serving (it does not follow ready)
   - name: ocr
     namespace: vision
     internal-traffic-policy: Local

@@ -430,8 +430,9 @@ fn endpoint(
     let ready = doc.ready.unwrap_or(true);
     let conditions = Conditions {
         ready,
-        // As in the EndpointSlice API, an unset `serving` follows `ready`.
-        serving: doc.serving.unwrap_or(ready),
+        // As kube-proxy reads the EndpointSlice API: an unset `serving` means serving
+        // (it does not follow `ready`).
+        serving: doc.serving.unwrap_or(true),
         terminating: doc.terminating.unwrap_or(false),
     };
     (problems.0.len() == before).then(|| Endpoint {
