@@ -48,11 +48,15 @@ struct Setup {
 
 impl Setup {
     async fn start(text: &str) -> Self {
+        Self::start_with(text, &[]).await
+    }
+
+    async fn start_with(text: &str, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("trust");
         let path = dir.0.join("topology.yaml");
         std::fs::write(&path, text).expect("write topology");
         let discovery = format!("file:{}", path.display());
-        let proxima = Proxima::start(&["run", "--discovery", &discovery]).await;
+        let proxima = Proxima::start_with(&["run", "--discovery", &discovery], env).await;
         Self {
             proxima,
             path,
@@ -233,6 +237,49 @@ async fn clients_that_give_up_at_300ms_steer_the_pool_away_from_a_2s_pod() {
     );
     let e = setup.endpoint("slow").await;
     assert_eq!(e["in_pool"], false, "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_client_abandons_is_still_measured_over_http1_and_h2() {
+    // The only pod takes 2 s, the SLO is 1 s, the clients give up after 1.5 s. Whether
+    // the overdue timer (at 1 s) or the client's departure (at 1.5 s) comes first, the
+    // pod must end up out of the pool, and the departure itself must be seen for both
+    // an HTTP/1 close and an h2 stream reset.
+    let slow = pod("slow", 2000).await;
+    let setup = Setup::start_with(
+        &topology("latency-slo: 1s", &[("slow", slow.addr())]),
+        &[("PROXIMA_LOG", "info,proxima_proxy=debug")],
+    )
+    .await;
+    let url = format!("http://{}/", setup.proxima.proxy);
+    let h2: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let mut gave_up = 0;
+    for i in 0..4 {
+        let request = http::Request::get(&url)
+            .header("x-service", "svc")
+            .body(http_body_util::Empty::new())
+            .expect("request");
+        let client = if i % 2 == 0 { &setup.http } else { &h2 };
+        match tokio::time::timeout(Duration::from_millis(1500), client.request(request)).await {
+            Err(_) => gave_up += 1,
+            Ok(answer) => panic!("the 2 s pod answered within 1.5 s: {answer:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let logs = setup.proxima.logs();
+    let departures = logs
+        .lines()
+        .filter(|l| l.contains("the client went away before the endpoint answered"))
+        .count();
+    eprintln!("abandoned: {gave_up} of 4 given up, {departures} departures logged");
+    assert_eq!(gave_up, 4);
+    assert_eq!(departures, 4, "every departure is seen:\n{logs}");
+    let e = setup.endpoint("slow").await;
+    assert_eq!(e["in_pool"], false, "{e:#}");
+    assert_eq!(e["out_because"], "latency", "{e:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
