@@ -510,3 +510,87 @@ async fn a_quiet_service_judges_a_pod_on_few_samples() {
     assert_eq!(e["in_pool"], false, "{e:#}");
     assert!(e["samples"].as_u64().unwrap() < 10, "{e:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spread_is_even_whatever_the_response_time() {
+    // Before issue 8, two choices on in-flight counts split 2:1 between a near and a far
+    // pod: by Little's law the slower one always holds more requests in flight.
+    let (near, far) = (pod("near", 2).await, pod("far", 40).await);
+    let setup = Arc::new(
+        Setup::start(&topology(
+            "latency-slo: 200ms",
+            &[("near", near.addr()), ("far", far.addr())],
+        ))
+        .await,
+    );
+    let mut clients = vec![];
+    for _ in 0..6 {
+        let setup = setup.clone();
+        clients.push(tokio::spawn(async move {
+            let mut seen = vec![];
+            for _ in 0..100 {
+                seen.push(setup.request(PATIENT).await);
+            }
+            seen
+        }));
+    }
+    let mut seen = vec![];
+    for c in clients {
+        seen.extend(c.await.expect("client"));
+    }
+    let (n, f) = (share(&seen, "near"), share(&seen, "far"));
+    eprintln!("spread: near {:.1}%, far {:.1}%", n * 100.0, f * 100.0);
+    assert!((n + f - 1.0).abs() < 1e-9, "{seen:?}");
+    assert!(n.max(f) / n.min(f) <= 1.2, "near {n}, far {f}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalls_of_the_proxy_itself_do_not_empty_the_pool() {
+    // The whole proxy process is stopped (SIGSTOP) for 300 ms, six times, while six
+    // clients keep requests in flight: every pod looks slow at once. That is the
+    // proxy's stall, not the pods'. (A 32-sample window holds several stalls.)
+    let (a, b) = (pod("a", 10).await, pod("b", 10).await);
+    let setup = Arc::new(
+        Setup::start(&topology(
+            "latency-slo: 100ms, qos-pool-window: 32",
+            &[("a", a.addr()), ("b", b.addr())],
+        ))
+        .await,
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = vec![];
+    for _ in 0..6 {
+        let (setup, stop) = (setup.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                setup.request(PATIENT).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut smallest_pool = u64::MAX;
+    for _ in 0..6 {
+        setup.proxima.signal("STOP");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        setup.proxima.signal("CONT");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let size = setup.pools().await["pool_size"].as_u64().unwrap();
+        smallest_pool = smallest_pool.min(size);
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let logs = setup.proxima.logs();
+    let evictions = logs
+        .lines()
+        .filter(|l| l.contains("left the QoS pool"))
+        .count();
+    eprintln!("stalls: smallest pool {smallest_pool}, {evictions} evictions");
+    assert!(smallest_pool >= 1, "the pool emptied:\n{logs}");
+    assert!(
+        evictions <= 1,
+        "{evictions} evictions for the proxy's own stalls"
+    );
+}
