@@ -14,7 +14,11 @@
 //!   a measured one where there is one: a warming endpoint whose node's round-trip time
 //!   from this proxy (measured by the peer prober) already exceeds the SLO is kept out
 //!   (event 1 builds the initial pool "based on initial estimates, such as environmental
-//!   conditions"; see `ServiceRoute::too_far`).
+//!   conditions"; see `ServiceRoute::too_far`). Failures (a `failure-status` answer,
+//!   reset, timeout, refused connection) and attempts unanswered past the SLO are
+//!   misses; consecutive failures eject at once (Envoy's outlier detection, linkerd's
+//!   failure accrual); a quiet pod whose few samples all miss is judged on them. The
+//!   rules, with their anchors, are in `endpoint.rs`.
 //! * **Spreading** is even, whatever the round-trip time to each member: two distinct
 //!   members are drawn at random and the one with the *lower spreading counter* wins
 //!   (ties go to the first draw, itself random). Each pick adds `1 / weight` to the
@@ -25,6 +29,9 @@
 //!   power of two choices) is not even: by Little's law a member 50 ms away holds 25
 //!   times as many requests in flight as one 2 ms away for the same rate, and so loses
 //!   most comparisons (the issue measured a 2:1 split between a local and a remote pod).
+//!   The rule: within the pool, each member's share over a window stays within
+//!   max/min ≤ 1.2 of the others' (weights aside), unless the saturation rule below
+//!   applies.
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
 //!   that a member is actually saturated, i.e. it holds more requests than its latency
 //!   explains: `a` is saturated next to `b` when
