@@ -277,6 +277,22 @@ async fn a_request_the_client_abandons_is_still_measured_over_http1_and_h2() {
     eprintln!("abandoned: {gave_up} of 4 given up, {departures} departures logged");
     assert_eq!(gave_up, 4);
     assert_eq!(departures, 4, "every departure is seen:\n{logs}");
+    let metrics = get(
+        &setup.http,
+        &format!("http://{}/metrics", setup.proxima.admin),
+        None,
+    )
+    .await
+    .body;
+    for series in [
+        r#"proxima_unanswered_total{service="svc.default",why="abandoned"} 4"#,
+        r#"proxima_unanswered_total{service="svc.default",why="overdue"} 4"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "{series} missing:\n{metrics}"
+        );
+    }
     let e = setup.endpoint("slow").await;
     assert_eq!(e["in_pool"], false, "{e:#}");
     assert_eq!(e["out_because"], "latency", "{e:#}");

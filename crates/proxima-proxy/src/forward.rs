@@ -274,6 +274,7 @@ impl Drop for Abandoned<'_> {
             waited_ms = now.saturating_duration_since(self.picked.at).as_millis() as u64,
             "the client went away before the endpoint answered"
         );
+        self.service.abandoned();
         if let Some(change) = self.proxy.router.record_abandoned(self.picked, now, stall) {
             self.proxy.pool_changed(self.service, endpoint, change);
         }
@@ -377,6 +378,7 @@ impl Proxy {
                             ?slo,
                             "no response headers within the SLO: counted as a miss now"
                         );
+                        service.overdue();
                         if let Some(change) = self.router.record_overdue(picked, now) {
                             self.pool_changed(service, &picked.endpoint().id, change);
                         }

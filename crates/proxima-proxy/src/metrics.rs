@@ -9,6 +9,7 @@
 //! | `proxima_pool_changes_total` | service, change=`evicted`\|`readmitted` | QoS-pool membership changes |
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
+//! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), or that the client gave up on (`abandoned`) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //!
@@ -93,6 +94,7 @@ struct Vecs {
     retries: IntCounterVec,
     picks: IntCounterVec,
     probes: IntCounterVec,
+    unanswered: IntCounterVec,
 }
 
 /// A counter of one label set, created on first use (so that unused label sets do not
@@ -124,6 +126,8 @@ pub(crate) struct ServiceMetrics {
     slo_missed: LazyCounter,
     retries: LazyCounter,
     picks: [LazyCounter; 4],
+    overdue: LazyCounter,
+    abandoned: LazyCounter,
     endpoints: ArcSwap<HashMap<EndpointId, Arc<EndpointMetrics>>>,
     writer: Mutex<()>,
 }
@@ -225,6 +229,12 @@ impl Metrics {
                 "Background probes of endpoints outside the QoS pool, by result.",
                 &["service", "result"],
             )?,
+            unanswered: counter_vec(
+                registry,
+                "proxima_unanswered_total",
+                "Attempts still without response headers when the SLO passed (overdue), or given up by the client (abandoned).",
+                &["service", "why"],
+            )?,
         };
         Ok(Self {
             vecs: Arc::new(vecs),
@@ -252,6 +262,8 @@ impl Metrics {
             slo_missed: LazyCounter::new(),
             retries: LazyCounter::new(),
             picks: std::array::from_fn(|_| LazyCounter::new()),
+            overdue: LazyCounter::new(),
+            abandoned: LazyCounter::new(),
             endpoints: ArcSwap::from_pointee(HashMap::new()),
             writer: Mutex::new(()),
         });
@@ -366,6 +378,18 @@ impl ServiceMetrics {
         self.retries.get(&self.vecs.retries, &[&self.label]).inc();
     }
 
+    /// An attempt went past the SLO without response headers.
+    pub(crate) fn overdue(&self) {
+        let labels = [self.label.as_str(), "overdue"];
+        self.overdue.get(&self.vecs.unanswered, &labels).inc();
+    }
+
+    /// The client gave up on an attempt that was still waiting for response headers.
+    pub(crate) fn abandoned(&self) {
+        let labels = [self.label.as_str(), "abandoned"];
+        self.abandoned.get(&self.vecs.unanswered, &labels).inc();
+    }
+
     pub(crate) fn pick(&self, reason: Reason) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         self.picks[i]
@@ -407,6 +431,9 @@ impl ServiceMetrics {
         let s = self.label.as_str();
         let _ = metrics.request_duration.remove_label_values(&[s]);
         let _ = metrics.retries.remove_label_values(&[s]);
+        for why in ["overdue", "abandoned"] {
+            let _ = metrics.unanswered.remove_label_values(&[s, why]);
+        }
         for result in ["met", "missed"] {
             let _ = metrics.slo.remove_label_values(&[s, result]);
         }
@@ -532,6 +559,9 @@ mod tests {
         s.request_duration(Duration::from_millis(4));
         s.slo(true);
         s.retry();
+        s.overdue();
+        s.overdue();
+        s.abandoned();
         s.pick(Reason::Pool);
         s.pick(Reason::LastResort);
         let out = text(&registry);
@@ -544,6 +574,8 @@ mod tests {
             r#"proxima_request_duration_seconds_bucket{service="api.shop",le="0.005"} 1"#,
             r#"proxima_slo_total{result="met",service="api.shop"} 1"#,
             r#"proxima_retries_total{service="api.shop"} 1"#,
+            r#"proxima_unanswered_total{service="api.shop",why="overdue"} 2"#,
+            r#"proxima_unanswered_total{service="api.shop",why="abandoned"} 1"#,
             r#"proxima_picks_total{reason="last-resort",service="api.shop"} 1"#,
         ] {
             assert!(out.contains(line), "missing {line} in\n{out}");
