@@ -737,3 +737,32 @@ fn a_warming_pod_is_judged_after_max_age_on_the_samples_it_has() {
     );
     assert!(matches!(e.admission, Admission::Evicted { .. }));
 }
+
+#[test]
+fn the_spread_is_even_for_closed_loop_clients_too() {
+    // Six clients, each sending its next request when the previous one is answered:
+    // the far pod holds nearly every request in flight, which is latency, not a queue.
+    let t0 = Instant::now();
+    let r = router(2, &[("latency-slo", "200ms")], t0);
+    let latency = |id: &str| if id == "pod-0" { ms(2) } else { ms(40) };
+    let mut rng = SmallRng::seed_from_u64(19);
+    let mut open: Vec<(Instant, Picked)> = Vec::new();
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    for _ in 0..6 {
+        let p = pick(&r, t0, &mut rng);
+        open.push((t0 + latency(&p.endpoint().id), p));
+    }
+    for k in 0..3000 {
+        open.sort_by_key(|(done, _)| *done);
+        let (now, p) = open.remove(0);
+        r.record(&p, now, ok(latency(&p.endpoint().id)));
+        drop(p);
+        let next = pick(&r, now, &mut rng);
+        let id = next.endpoint().id.clone();
+        if k >= 300 {
+            *counts.entry(id.clone()).or_default() += 1;
+        }
+        open.push((now + latency(&id), next));
+    }
+    assert!(max_over_min(&counts) <= 1.2, "{counts:?}");
+}

@@ -35,10 +35,12 @@
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
 //!   that a member is actually saturated, i.e. it holds more requests than its latency
 //!   explains: `a` is saturated next to `b` when
-//!   `in_flight(a) ≥ 4 + 2 · in_flight(b) · latency(a) / latency(b)` (peak-EWMA latencies;
-//!   the ratio is 1 while either is unknown). Equal rates make in-flight counts
-//!   proportional to latency, so only a queue that builds up beyond that trips the rule;
-//!   the 4 keeps one or two concurrent requests from counting as saturation.
+//!   `in_flight(a) ≥ 4 + 2 · max(in_flight(b), 1) · latency(a) / latency(b)` (peak-EWMA
+//!   latencies; the ratio is 1 while either is unknown). Equal rates make in-flight
+//!   counts proportional to latency, so only a queue that builds up beyond that trips
+//!   the rule; the 4 keeps a few concurrent requests from counting as saturation, and
+//!   `max(…, 1)` keeps an idle fast member from making any request on a slower one
+//!   look like a queue.
 //! * **Slow start**: a member re-admitted after an eviction has a weight that grows
 //!   linearly from 10% to 100% over `qos-pool-slow-start` (Envoy's `slow_start_config`
 //!   with aggression 1.0), so it takes a growing share rather than a burst.
@@ -150,7 +152,8 @@ fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
         (Some(la), Some(lb)) if !lb.is_zero() => la.as_secs_f64() / lb.as_secs_f64(),
         _ => 1.0,
     };
-    f64::from(sa.in_flight()) >= SATURATION_SLACK + 2.0 * f64::from(sb.in_flight()) * ratio
+    let others = f64::from(sb.in_flight().max(1));
+    f64::from(sa.in_flight()) >= SATURATION_SLACK + 2.0 * others * ratio
 }
 
 /// The best estimate of an endpoint's response time at the SLO percentile, in µs (see
