@@ -35,7 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (0u8..8, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(i, r, s, t)| Op::Upsert(i, r, s, t)),
         1 => (0u8..8).prop_map(Op::Remove),
-        4 => (0u16..400, 0u8..4, proptest::collection::vec(0u8..8, 0..3))
+        4 => (0u16..400, 0u8..8, proptest::collection::vec(0u8..8, 0..3))
             .prop_map(|(latency_ms, outcome, exclude)| Op::Request { latency_ms, outcome, exclude }),
         1 => (1u16..300).prop_map(Op::Slo),
         1 => (0u16..5000).prop_map(Op::Advance),
@@ -191,6 +191,32 @@ fn check(strategy: &str, seed: u64, ops: Vec<Op>, internal_local: bool) {
                         let outcome = match outcome {
                             0 => Outcome::ConnectFailed,
                             1 => Outcome::Failed,
+                            2 => Outcome::Answered {
+                                latency,
+                                status: 503,
+                            },
+                            3 => {
+                                // Overdue first, then the late answer.
+                                router.record_overdue(&picked, now);
+                                Outcome::Answered {
+                                    latency,
+                                    status: 200,
+                                }
+                            }
+                            4 => {
+                                // The client went away: no outcome follows.
+                                router.record_abandoned(&picked, now + latency, Duration::ZERO);
+                                continue;
+                            }
+                            5 => {
+                                router.record_stalled(
+                                    &picked,
+                                    now,
+                                    Outcome::Response { latency },
+                                    latency / 2,
+                                );
+                                continue;
+                            }
                             _ => Outcome::Response { latency },
                         };
                         router.record(&picked, now, outcome);
