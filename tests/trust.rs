@@ -68,7 +68,11 @@ impl Setup {
     /// One request to `svc`; the backend that answered, or `None` when the client gave
     /// up after `patience`.
     async fn request(&self, patience: Duration) -> Option<String> {
-        let url = format!("http://{}/", self.proxima.proxy);
+        self.request_path("/", patience).await
+    }
+
+    async fn request_path(&self, path: &str, patience: Duration) -> Option<String> {
+        let url = format!("http://{}{path}", self.proxima.proxy);
         let request = http::Request::get(&url)
             .header("x-service", "svc")
             .body(http_body_util::Empty::new())
@@ -609,4 +613,62 @@ async fn stalls_of_the_proxy_itself_do_not_empty_the_pool() {
         evictions <= 1,
         "{evictions} evictions for the proxy's own stalls"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fails_on_every_pod_ejects_at_most_the_cap() {
+    // Four healthy pods; then every request asks for a 503 (a fault that is not the
+    // pods', like a poisonous request or a shared dependency being down). Three failures
+    // in a row eject a pod at once, but at most 50% of the pool: two stay in, and
+    // `/debug/pools` says why each pod is where it is.
+    let pods = [
+        pod("p0", 2).await,
+        pod("p1", 2).await,
+        pod("p2", 2).await,
+        pod("p3", 2).await,
+    ];
+    let endpoints: Vec<(&str, SocketAddr)> = pods.iter().map(|p| (p.name(), p.addr())).collect();
+    let setup = Setup::start(&topology(
+        "latency-slo: 100ms, slo-percentile: 50, qos-pool-eject-after: 3, qos-pool-readmit-after: 5",
+        &endpoints,
+    ))
+    .await;
+    for _ in 0..200 {
+        setup.request(PATIENT).await;
+    }
+    assert_eq!(setup.pools().await["pool_size"], 4);
+    for _ in 0..40 {
+        setup.request_path("/status/503", PATIENT).await;
+    }
+    let pools = setup.pools().await;
+    eprintln!(
+        "ejection cap: pool {} of 4, {} ejected (cap {})",
+        pools["pool_size"], pools["failure_ejected"], pools["failure_ejection_cap"]
+    );
+    assert_eq!(pools["failure_ejection_cap"], 2, "{pools:#}");
+    assert_eq!(pools["failure_ejected"], 2, "{pools:#}");
+    assert_eq!(pools["pool_size"], 2, "{pools:#}");
+    for e in pools["endpoints"].as_array().unwrap() {
+        let reason = e["reason"].as_str().unwrap();
+        if e["in_pool"] == true {
+            assert!(reason.contains("not ejected"), "{reason}");
+        } else {
+            assert_eq!(e["out_because"], "consecutive-failures", "{e:#}");
+            assert!(
+                reason.starts_with("ejected for consecutive failures"),
+                "{reason}"
+            );
+        }
+    }
+    // Ordinary requests again: the two pods still in take them all, and the ejected
+    // ones come back through their probes.
+    let mut seen = vec![];
+    for _ in 0..20 {
+        seen.push(setup.request(PATIENT).await);
+    }
+    assert!(seen.iter().all(Option::is_some), "{seen:?}");
+    eventually("the ejected pods are back", || async {
+        (setup.pools().await["pool_size"] == 4).then_some(())
+    })
+    .await;
 }
