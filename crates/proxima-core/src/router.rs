@@ -6,9 +6,14 @@
 //! serialised by one mutex and publish a new snapshot; per-endpoint state is shared
 //! between snapshots through `Arc`, so an update that keeps an endpoint keeps its
 //! measurements, in-flight count and cooldown.
+//!
+//! An endpoint's state belongs to its name **and** address ([`StateKey`]): a pod
+//! recreated under the same name with a new IP (a StatefulSet pod rescheduled) is a
+//! new process, maybe on another node, and starts with no history, while a change of
+//! conditions, node, zone, hints or port keeps it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -231,11 +236,15 @@ pub struct ApplyReport {
     pub warnings: Vec<(ServiceKey, SettingError)>,
 }
 
+/// What an endpoint's measurement state is kept under: its name and its address (see
+/// the module docs).
+type StateKey = (EndpointId, IpAddr);
+
 #[derive(Debug, Default)]
 struct Desired {
     specs: BTreeMap<ServiceKey, ServiceSpec>,
     endpoints: BTreeMap<ServiceKey, BTreeMap<EndpointId, Endpoint>>,
-    states: HashMap<ServiceKey, HashMap<EndpointId, Arc<EndpointState>>>,
+    states: HashMap<ServiceKey, HashMap<StateKey, Arc<EndpointState>>>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -433,12 +442,12 @@ impl Router {
         let empty = BTreeMap::new();
         let wanted = desired.endpoints.get(key).unwrap_or(&empty);
         let states = desired.states.entry(key.clone()).or_default();
-        states.retain(|id, _| wanted.contains_key(id));
+        states.retain(|(id, ip), _| wanted.get(id).is_some_and(|e| e.ip == *ip));
         let settings_changed = previous.is_none_or(|p| p.spec.settings != spec.settings);
         let mut endpoints = Vec::with_capacity(wanted.len());
         for (id, endpoint) in wanted {
             let state = states
-                .entry(id.clone())
+                .entry((id.clone(), endpoint.ip))
                 .or_insert_with(|| Arc::new(EndpointState::new(&spec.settings, self.epoch)))
                 .clone();
             if settings_changed {
