@@ -24,6 +24,7 @@ use rand::RngCore;
 use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange};
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
+use crate::retry_budget::RetryBudget;
 use crate::settings::{ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
@@ -45,6 +46,8 @@ pub struct ServiceRoute {
     /// strategy parameters); the service runs on defaults for them.
     pub warnings: Vec<SettingError>,
     pool: ArcSwap<Vec<usize>>,
+    /// Shared by the service's requests; kept across updates while its settings stay.
+    retry_budget: Arc<RetryBudget>,
 }
 
 impl ServiceRoute {
@@ -61,6 +64,11 @@ impl ServiceRoute {
     /// kube-proxy does).
     pub fn eligible(&self) -> &[usize] {
         &self.eligible
+    }
+
+    /// The budget that bounds this service's retries (see [`crate::retry_budget`]).
+    pub fn retry_budget(&self) -> &RetryBudget {
+        &self.retry_budget
     }
 
     /// Indices of the eligible endpoints in the QoS pool (warming or admitted).
@@ -472,6 +480,10 @@ impl Router {
             ready
         };
         let (strategy, warnings) = self.registry.build(&spec.settings);
+        let retry_budget = previous
+            .filter(|p| p.spec.settings.retry_budget == spec.settings.retry_budget)
+            .map(|p| p.retry_budget.clone())
+            .unwrap_or_else(|| Arc::new(RetryBudget::new(spec.settings.retry_budget, self.epoch)));
         let route = ServiceRoute {
             spec,
             endpoints,
@@ -479,6 +491,7 @@ impl Router {
             strategy,
             warnings,
             pool: ArcSwap::from_pointee(Vec::new()),
+            retry_budget,
         };
         route.refresh_pool(&self.environment.load(), self.local_node(), now);
         Some(route)

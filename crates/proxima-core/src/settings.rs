@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::retry_budget::RetryBudgetParams;
+
 /// The annotation prefix under which Kubernetes Services carry these keys.
 pub const ANNOTATION_PREFIX: &str = "proxima.io/";
 
@@ -82,6 +84,9 @@ pub struct ServiceSettings {
     /// `failure-status`: response statuses that count as failures, i.e. SLO misses,
     /// however fast they come (default `5xx`).
     pub failure_status: StatusSet,
+    /// `retry-budget-*`: how many retries the service may add to its requests (see
+    /// [`crate::retry_budget`]).
+    pub retry_budget: RetryBudgetParams,
     pub qos_pool: QosPoolParams,
     /// Every `<strategy>-<param>` key not known here, for strategy plugins.
     pub params: BTreeMap<String, String>,
@@ -97,6 +102,7 @@ impl Default for ServiceSettings {
             connect_timeout: Duration::from_secs(1),
             retries: 2,
             failure_status: StatusSet::default(),
+            retry_budget: RetryBudgetParams::default(),
             qos_pool: QosPoolParams::default(),
             params: BTreeMap::new(),
         }
@@ -243,6 +249,29 @@ impl ServiceSettings {
                     })?;
             }
             "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
+            "retry-budget-ratio" => {
+                self.retry_budget.ratio = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=10.0).contains(r))
+                    .ok_or_else(|| {
+                        SettingError::new(
+                            key,
+                            value,
+                            "retries per request, a number from 0 to 10, e.g. \"0.2\"",
+                        )
+                    })?;
+            }
+            "retry-budget-min-per-second" => {
+                self.retry_budget.min_per_second = parse_count(key, value, 0, 100_000)? as u32;
+            }
+            "retry-budget-ttl" => {
+                let ttl = positive(key, value, dur(value)?)?;
+                if ttl > Duration::from_secs(600) {
+                    return Err(SettingError::new(key, value, "a duration up to 10m"));
+                }
+                self.retry_budget.ttl = ttl;
+            }
             "qos-pool-window" => {
                 self.qos_pool.window = parse_count(key, value, 1, 4096)?;
             }
@@ -286,6 +315,7 @@ impl ServiceSettings {
                         value,
                         "a known key: latency-slo, slo-percentile, strategy, timeout, \
                          connect-timeout, retries, failure-status, qos-pool-*, or \
+                         connect-timeout, retries, retry-budget-*, qos-pool-*, or \
                          <strategy>-<param>",
                     ));
                 }
@@ -436,6 +466,9 @@ mod tests {
             ("timeout", "2s"),
             ("connect-timeout", "250ms"),
             ("retries", "1"),
+            ("retry-budget-ratio", "0.5"),
+            ("retry-budget-min-per-second", "0"),
+            ("retry-budget-ttl", "30s"),
             ("qos-pool-window", "32"),
             ("qos-pool-probe-path", "/healthz"),
             ("proximity-alpha", "0.8"),
@@ -447,6 +480,9 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_secs(2));
         assert_eq!(s.connect_timeout, Duration::from_millis(250));
         assert_eq!(s.retries, 1);
+        assert_eq!(s.retry_budget.ratio, 0.5);
+        assert_eq!(s.retry_budget.min_per_second, 0);
+        assert_eq!(s.retry_budget.ttl, Duration::from_secs(30));
         assert_eq!(s.qos_pool.window, 32);
         assert_eq!(s.qos_pool.probe_path, "/healthz");
         assert_eq!(s.param("proximity", "alpha"), Some("0.8"));
@@ -458,6 +494,9 @@ mod tests {
             ("latency-slo", "80"),
             ("slo-percentile", "150"),
             ("retries", "-1"),
+            ("retry-budget-ratio", "-0.1"),
+            ("retry-budget-min-per-second", "ten"),
+            ("retry-budget-ttl", "1h"),
             ("bogus", "x"),
             ("latency-sloo", "80ms"),
         ]);
@@ -465,6 +504,7 @@ mod tests {
         assert_eq!(s.latency_slo, d.latency_slo);
         assert_eq!(s.slo_percentile, d.slo_percentile);
         assert_eq!(s.retries, d.retries);
+        assert_eq!(s.retry_budget, d.retry_budget);
         let keys: Vec<_> = errors.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(
             keys,
@@ -472,6 +512,9 @@ mod tests {
                 "latency-slo",
                 "slo-percentile",
                 "retries",
+                "retry-budget-ratio",
+                "retry-budget-min-per-second",
+                "retry-budget-ttl",
                 "bogus",
                 "latency-sloo"
             ]

@@ -9,6 +9,7 @@
 //! | `proxima_pool_changes_total` | service, change=`evicted`\|`readmitted` | QoS-pool membership changes |
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
+//! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //!
@@ -91,6 +92,7 @@ struct Vecs {
     pool_changes: IntCounterVec,
     upstream_errors: IntCounterVec,
     retries: IntCounterVec,
+    retries_refused: IntCounterVec,
     picks: IntCounterVec,
     probes: IntCounterVec,
 }
@@ -123,6 +125,7 @@ pub(crate) struct ServiceMetrics {
     slo_met: LazyCounter,
     slo_missed: LazyCounter,
     retries: LazyCounter,
+    retries_refused: LazyCounter,
     picks: [LazyCounter; 4],
     endpoints: ArcSwap<HashMap<EndpointId, Arc<EndpointMetrics>>>,
     writer: Mutex<()>,
@@ -213,6 +216,12 @@ impl Metrics {
                 "Extra attempts on another endpoint.",
                 &["service"],
             )?,
+            retries_refused: counter_vec(
+                registry,
+                "proxima_retries_refused_total",
+                "Retries not sent because the service's retry budget was spent.",
+                &["service"],
+            )?,
             picks: counter_vec(
                 registry,
                 "proxima_picks_total",
@@ -251,6 +260,7 @@ impl Metrics {
             slo_met: LazyCounter::new(),
             slo_missed: LazyCounter::new(),
             retries: LazyCounter::new(),
+            retries_refused: LazyCounter::new(),
             picks: std::array::from_fn(|_| LazyCounter::new()),
             endpoints: ArcSwap::from_pointee(HashMap::new()),
             writer: Mutex::new(()),
@@ -366,6 +376,13 @@ impl ServiceMetrics {
         self.retries.get(&self.vecs.retries, &[&self.label]).inc();
     }
 
+    /// A retry the retry budget did not allow.
+    pub(crate) fn retry_refused(&self) {
+        self.retries_refused
+            .get(&self.vecs.retries_refused, &[&self.label])
+            .inc();
+    }
+
     pub(crate) fn pick(&self, reason: Reason) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         self.picks[i]
@@ -407,6 +424,7 @@ impl ServiceMetrics {
         let s = self.label.as_str();
         let _ = metrics.request_duration.remove_label_values(&[s]);
         let _ = metrics.retries.remove_label_values(&[s]);
+        let _ = metrics.retries_refused.remove_label_values(&[s]);
         for result in ["met", "missed"] {
             let _ = metrics.slo.remove_label_values(&[s, result]);
         }
@@ -532,6 +550,7 @@ mod tests {
         s.request_duration(Duration::from_millis(4));
         s.slo(true);
         s.retry();
+        s.retry_refused();
         s.pick(Reason::Pool);
         s.pick(Reason::LastResort);
         let out = text(&registry);
@@ -544,6 +563,7 @@ mod tests {
             r#"proxima_request_duration_seconds_bucket{service="api.shop",le="0.005"} 1"#,
             r#"proxima_slo_total{result="met",service="api.shop"} 1"#,
             r#"proxima_retries_total{service="api.shop"} 1"#,
+            r#"proxima_retries_refused_total{service="api.shop"} 1"#,
             r#"proxima_picks_total{reason="last-resort",service="api.shop"} 1"#,
         ] {
             assert!(out.contains(line), "missing {line} in\n{out}");
