@@ -36,5 +36,5 @@ pub use router::{
     ApplyReport, PickError, Picked, PortRef, ProbeTicket, RouteEndpoint, Router, ServiceRoute,
     Table,
 };
-pub use settings::{ServiceSettings, SettingError, StatusSet};
+pub use settings::{ProbeShape, ServiceSettings, SettingError, StatusSet};
 pub use strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};

@@ -25,7 +25,7 @@ use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange}
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
 use crate::retry_budget::RetryBudget;
-use crate::settings::{ServiceSettings, SettingError};
+use crate::settings::{ProbeShape, ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
 /// An endpoint of a routed service: what discovery said, plus the live state.
@@ -220,7 +220,9 @@ pub struct ProbeTicket {
     pub service: ServiceKey,
     pub id: EndpointId,
     pub addr: SocketAddr,
+    /// `GET` of this path, unless `shape` asks for the service's traffic.
     pub path: String,
+    pub shape: ProbeShape,
     pub timeout: Duration,
     settings: ServiceSettings,
     state: Arc<EndpointState>,
@@ -700,6 +702,7 @@ impl Router {
                         id: ep.endpoint.id.clone(),
                         addr: SocketAddr::new(ep.endpoint.ip, port),
                         path: settings.qos_pool.probe_path.clone(),
+                        shape: settings.qos_pool.probe,
                         timeout: settings.timeout.min(settings.latency_slo * 10),
                         settings: settings.clone(),
                         state: ep.state.clone(),

@@ -31,7 +31,8 @@ pub struct QosPoolParams {
     /// doubles up to `probe_max_interval` while they keep missing.
     pub probe_interval: Duration,
     pub probe_max_interval: Duration,
-    /// Path of the background probe request (`GET`).
+    /// Path of the background probe request (`GET`), when probes are not shaped like
+    /// the service's traffic or no such traffic was seen.
     pub probe_path: String,
     /// Consecutive failures (failure statuses, resets, timeouts, refused connections)
     /// that take an endpoint out of the pool at once; 0 turns this off. Envoy's outlier
@@ -44,6 +45,20 @@ pub struct QosPoolParams {
     /// How long a re-admitted endpoint takes to ramp up to its full share (Envoy's
     /// `slow_start_config`); zero turns slow start off.
     pub slow_start: Duration,
+    /// What the background probes look like (`qos-pool-probe`).
+    pub probe: ProbeShape,
+}
+
+/// What background probes of evicted endpoints look like (`qos-pool-probe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProbeShape {
+    /// `path`: `GET <qos-pool-probe-path>` (the default).
+    #[default]
+    Path,
+    /// `traffic`: the method, path and headers of a recent real request of the service
+    /// that was idempotent and had no body; `GET <qos-pool-probe-path>` until one is seen.
+    Traffic,
 }
 
 impl Default for QosPoolParams {
@@ -62,6 +77,7 @@ impl Default for QosPoolParams {
             eject_after: 5,
             max_ejection_percent: 50.0,
             slow_start: Duration::from_secs(10),
+            probe: ProbeShape::Path,
         }
     }
 }
@@ -298,6 +314,17 @@ impl ServiceSettings {
                 }
                 self.qos_pool.probe_path = value.to_string();
             }
+            "qos-pool-probe" => {
+                self.qos_pool.probe = match value {
+                    "path" => ProbeShape::Path,
+                    "traffic" => ProbeShape::Traffic,
+                    _ => return Err(SettingError::new(
+                        key,
+                        value,
+                        "\"path\" (GET qos-pool-probe-path) or \"traffic\" (like recent requests)",
+                    )),
+                };
+            }
             other => {
                 // `<strategy>-<param>` keys belong to strategies; anything else (a typo
                 // such as `latency-sloo`) is reported rather than silently ignored.
@@ -314,8 +341,8 @@ impl ServiceSettings {
                         key,
                         value,
                         "a known key: latency-slo, slo-percentile, strategy, timeout, \
-                         connect-timeout, retries, failure-status, qos-pool-*, or \
-                         connect-timeout, retries, retry-budget-*, qos-pool-*, or \
+                         connect-timeout, retries, failure-status, retry-budget-*, \
+                         qos-pool-*, or \
                          <strategy>-<param>",
                     ));
                 }
@@ -471,6 +498,7 @@ mod tests {
             ("retry-budget-ttl", "30s"),
             ("qos-pool-window", "32"),
             ("qos-pool-probe-path", "/healthz"),
+            ("qos-pool-probe", "traffic"),
             ("proximity-alpha", "0.8"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
@@ -485,6 +513,7 @@ mod tests {
         assert_eq!(s.retry_budget.ttl, Duration::from_secs(30));
         assert_eq!(s.qos_pool.window, 32);
         assert_eq!(s.qos_pool.probe_path, "/healthz");
+        assert_eq!(s.qos_pool.probe, ProbeShape::Traffic);
         assert_eq!(s.param("proximity", "alpha"), Some("0.8"));
     }
 
@@ -497,6 +526,7 @@ mod tests {
             ("retry-budget-ratio", "-0.1"),
             ("retry-budget-min-per-second", "ten"),
             ("retry-budget-ttl", "1h"),
+            ("qos-pool-probe", "GET"),
             ("bogus", "x"),
             ("latency-sloo", "80ms"),
         ]);
@@ -515,6 +545,7 @@ mod tests {
                 "retry-budget-ratio",
                 "retry-budget-min-per-second",
                 "retry-budget-ttl",
+                "qos-pool-probe",
                 "bogus",
                 "latency-sloo"
             ]

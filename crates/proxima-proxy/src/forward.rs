@@ -500,6 +500,8 @@ impl Proxy {
             };
             if service.is_none() {
                 picked.route.retry_budget().record_request(attempt_start);
+                self.probe_shapes
+                    .remember(&picked.route, &req, attempt_start);
             }
             let service = service
                 .get_or_insert_with(|| self.metrics.service(picked.route.key()))
