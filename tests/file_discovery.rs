@@ -187,6 +187,91 @@ async fn follows_edits_of_the_topology_file_without_restart() {
     assert!(status.success(), "{status}:\n{}", proxima.logs());
 }
 
+/// One endpoint `web-0` at `addr` with the given extra fields, beside `other`.
+fn stateful(addr: SocketAddr, extra: &str, other: &Backend) -> String {
+    format!(
+        "nodes:\n  - {{ name: worker-1, zone: edge-a }}\n  - {{ name: worker-2, zone: edge-b }}\n\
+         services:\n  - name: dps\n    settings: {{ latency-slo: 500ms }}\n    endpoints:\n      \
+         - {{ id: web-0, address: '{addr}', node: worker-1{extra} }}\n      \
+         - {{ id: web-1, address: '{}', node: worker-1 }}\n",
+        other.addr()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_keeps_its_history_until_its_address_changes() {
+    let dir = TempDir::new("identity");
+    let path = dir.0.join("topology.yaml");
+    let (old, other) = (backend("web-0-old").await, backend("web-1").await);
+    // The recreated pod: same name, another IP (as a rescheduled StatefulSet pod).
+    let recreated = Backend::spawn(
+        "127.0.0.2:0".parse().unwrap(),
+        proxima_emulate::BackendConfig::new("web-0-new"),
+    )
+    .await
+    .expect("a pod on 127.0.0.2");
+    std::fs::write(&path, stateful(old.addr(), "", &other)).unwrap();
+    let discovery = format!("file:{}", path.display());
+    let proxima = Proxima::start(&["run", "--discovery", &discovery]).await;
+    let (proxy, admin) = (proxima.proxy, proxima.admin);
+    let http = client();
+    eventually("web-0 measured", || async {
+        send(&http, proxy, 5).await;
+        let p = pools(&http, admin).await;
+        (endpoint(&p, "web-0")?["samples"].as_u64()? > 0).then_some(())
+    })
+    .await;
+    let before = pools(&http, admin).await;
+    let samples = endpoint(&before, "web-0").unwrap()["samples"]
+        .as_u64()
+        .unwrap();
+    let requests = endpoint(&before, "web-0").unwrap()["requests"]
+        .as_u64()
+        .unwrap();
+
+    // Only its conditions and zone change: the same pod, its history stays.
+    replace(
+        &path,
+        &stateful(
+            old.addr(),
+            ", zone: edge-b, ready: false, serving: true, terminating: true",
+            &other,
+        ),
+    );
+    let changed = eventually("web-0 terminating", || async {
+        let p = pools(&http, admin).await;
+        (endpoint(&p, "web-0")?["terminating"] == true).then_some(p)
+    })
+    .await;
+    let web0 = endpoint(&changed, "web-0").unwrap();
+    assert_eq!(web0["samples"].as_u64(), Some(samples), "{changed:#}");
+    assert_eq!(web0["requests"].as_u64(), Some(requests), "{changed:#}");
+
+    // Recreated with a new address: a new pod, measured from scratch.
+    replace(&path, &stateful(recreated.addr(), "", &other));
+    let moved = eventually("web-0 at its new address", || async {
+        let p = pools(&http, admin).await;
+        (endpoint(&p, "web-0")?["address"]
+            .as_str()?
+            .starts_with("127.0.0.2"))
+        .then_some(p)
+    })
+    .await;
+    let web0 = endpoint(&moved, "web-0").unwrap();
+    assert_eq!(web0["samples"], 0, "{moved:#}");
+    assert_eq!(web0["requests"], 0, "{moved:#}");
+    // And it serves from there.
+    eventually("the new web-0 answers", || async {
+        send(&http, proxy, 5)
+            .await
+            .iter()
+            .any(|s| s == "web-0-new")
+            .then_some(())
+    })
+    .await;
+    assert!(old.hits() > 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_file_at_start_is_fatal_and_names_the_line() {
     let dir = TempDir::new("bad");

@@ -12,12 +12,14 @@
 //! * [`endpoint`]: per-endpoint live state and QoS-pool admission.
 //! * [`strategy`]: the `Strategy` trait, the QoS pool and the baselines.
 //! * [`router`]: the lock-free routing table.
+//! * [`retry_budget`]: the per-service budget that bounds retries.
 
 pub mod endpoint;
 pub mod environment;
 pub mod estimator;
 pub mod explain;
 pub mod model;
+pub mod retry_budget;
 pub mod router;
 pub mod settings;
 pub mod strategy;
@@ -29,9 +31,10 @@ pub use model::{
     Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node, ServiceKey, ServicePort,
     ServiceSpec, TrafficPolicy, Update,
 };
+pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};
 pub use router::{
     ApplyReport, PickError, Picked, PortRef, ProbeTicket, RouteEndpoint, Router, ServiceRoute,
     Table,
 };
-pub use settings::{ServiceSettings, SettingError, StatusSet};
+pub use settings::{ProbeShape, ServiceSettings, SettingError, StatusSet};
 pub use strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};

@@ -108,8 +108,10 @@ pub struct Hints {
     pub for_nodes: Vec<String>,
 }
 
-/// Stable identity of an endpoint within a service (pod name, or `ip` when unnamed).
-/// Measurements are kept per id, so a pod keeps its history across updates.
+/// Name of an endpoint within a service (pod name, or `ip` when unnamed): updates and
+/// removals address endpoints by it. Measurements are kept per name *and* address, so a
+/// pod keeps its history across updates that keep its IP, and a pod recreated under the
+/// same name with a new IP starts fresh.
 pub type EndpointId = String;
 
 /// One pod (instance) of a service.
@@ -176,11 +178,13 @@ pub struct Node {
 
 /// A change to the router's view of the cluster.
 ///
-/// Endpoint updates are keyed by [`EndpointId`]: an endpoint whose id stays keeps its
-/// estimator and cooldown state, whatever else changes (conditions, node, port).
+/// Endpoint updates are keyed by [`EndpointId`]: an endpoint whose id and IP stay keeps
+/// its estimator and cooldown state, whatever else changes (conditions, node, port); a
+/// new IP under the same id starts with fresh state.
 #[derive(Clone, Debug)]
 pub enum Update {
-    /// Replace everything; state of endpoints that remain (same service and id) is kept.
+    /// Replace everything; state of endpoints that remain (same service, id and IP) is
+    /// kept.
     Reset {
         nodes: Vec<Node>,
         services: Vec<(ServiceSpec, Vec<Endpoint>)>,

@@ -6,9 +6,14 @@
 //! serialised by one mutex and publish a new snapshot; per-endpoint state is shared
 //! between snapshots through `Arc`, so an update that keeps an endpoint keeps its
 //! measurements, in-flight count and cooldown.
+//!
+//! An endpoint's state belongs to its name **and** address ([`StateKey`]): a pod
+//! recreated under the same name with a new IP (a StatefulSet pod rescheduled) is a
+//! new process, maybe on another node, and starts with no history, while a change of
+//! conditions, node, zone, hints or port keeps it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,7 +24,8 @@ use rand::RngCore;
 use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange};
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
-use crate::settings::{ServiceSettings, SettingError};
+use crate::retry_budget::RetryBudget;
+use crate::settings::{ProbeShape, ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
 /// An endpoint of a routed service: what discovery said, plus the live state.
@@ -40,6 +46,8 @@ pub struct ServiceRoute {
     /// strategy parameters); the service runs on defaults for them.
     pub warnings: Vec<SettingError>,
     pool: ArcSwap<Vec<usize>>,
+    /// Shared by the service's requests; kept across updates while its settings stay.
+    retry_budget: Arc<RetryBudget>,
 }
 
 impl ServiceRoute {
@@ -56,6 +64,11 @@ impl ServiceRoute {
     /// kube-proxy does).
     pub fn eligible(&self) -> &[usize] {
         &self.eligible
+    }
+
+    /// The budget that bounds this service's retries (see [`crate::retry_budget`]).
+    pub fn retry_budget(&self) -> &RetryBudget {
+        &self.retry_budget
     }
 
     /// Indices of the eligible endpoints in the QoS pool (warming or admitted).
@@ -207,7 +220,9 @@ pub struct ProbeTicket {
     pub service: ServiceKey,
     pub id: EndpointId,
     pub addr: SocketAddr,
+    /// `GET` of this path, unless `shape` asks for the service's traffic.
     pub path: String,
+    pub shape: ProbeShape,
     pub timeout: Duration,
     settings: ServiceSettings,
     state: Arc<EndpointState>,
@@ -231,11 +246,15 @@ pub struct ApplyReport {
     pub warnings: Vec<(ServiceKey, SettingError)>,
 }
 
+/// What an endpoint's measurement state is kept under: its name and its address (see
+/// the module docs).
+type StateKey = (EndpointId, IpAddr);
+
 #[derive(Debug, Default)]
 struct Desired {
     specs: BTreeMap<ServiceKey, ServiceSpec>,
     endpoints: BTreeMap<ServiceKey, BTreeMap<EndpointId, Endpoint>>,
-    states: HashMap<ServiceKey, HashMap<EndpointId, Arc<EndpointState>>>,
+    states: HashMap<ServiceKey, HashMap<StateKey, Arc<EndpointState>>>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -433,12 +452,12 @@ impl Router {
         let empty = BTreeMap::new();
         let wanted = desired.endpoints.get(key).unwrap_or(&empty);
         let states = desired.states.entry(key.clone()).or_default();
-        states.retain(|id, _| wanted.contains_key(id));
+        states.retain(|(id, ip), _| wanted.get(id).is_some_and(|e| e.ip == *ip));
         let settings_changed = previous.is_none_or(|p| p.spec.settings != spec.settings);
         let mut endpoints = Vec::with_capacity(wanted.len());
         for (id, endpoint) in wanted {
             let state = states
-                .entry(id.clone())
+                .entry((id.clone(), endpoint.ip))
                 .or_insert_with(|| Arc::new(EndpointState::new(&spec.settings, self.epoch)))
                 .clone();
             if settings_changed {
@@ -463,6 +482,10 @@ impl Router {
             ready
         };
         let (strategy, warnings) = self.registry.build(&spec.settings);
+        let retry_budget = previous
+            .filter(|p| p.spec.settings.retry_budget == spec.settings.retry_budget)
+            .map(|p| p.retry_budget.clone())
+            .unwrap_or_else(|| Arc::new(RetryBudget::new(spec.settings.retry_budget, self.epoch)));
         let route = ServiceRoute {
             spec,
             endpoints,
@@ -470,6 +493,7 @@ impl Router {
             strategy,
             warnings,
             pool: ArcSwap::from_pointee(Vec::new()),
+            retry_budget,
         };
         route.refresh_pool(&self.environment.load(), self.local_node(), now);
         Some(route)
@@ -678,6 +702,7 @@ impl Router {
                         id: ep.endpoint.id.clone(),
                         addr: SocketAddr::new(ep.endpoint.ip, port),
                         path: settings.qos_pool.probe_path.clone(),
+                        shape: settings.qos_pool.probe,
                         timeout: settings.timeout.min(settings.latency_slo * 10),
                         settings: settings.clone(),
                         state: ep.state.clone(),

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::retry_budget::RetryBudgetParams;
+
 /// The annotation prefix under which Kubernetes Services carry these keys.
 pub const ANNOTATION_PREFIX: &str = "proxima.io/";
 
@@ -29,7 +31,8 @@ pub struct QosPoolParams {
     /// doubles up to `probe_max_interval` while they keep missing.
     pub probe_interval: Duration,
     pub probe_max_interval: Duration,
-    /// Path of the background probe request (`GET`).
+    /// Path of the background probe request (`GET`), when probes are not shaped like
+    /// the service's traffic or no such traffic was seen.
     pub probe_path: String,
     /// Consecutive failures (failure statuses, resets, timeouts, refused connections)
     /// that take an endpoint out of the pool at once; 0 turns this off. Envoy's outlier
@@ -42,6 +45,20 @@ pub struct QosPoolParams {
     /// How long a re-admitted endpoint takes to ramp up to its full share (Envoy's
     /// `slow_start_config`); zero turns slow start off.
     pub slow_start: Duration,
+    /// What the background probes look like (`qos-pool-probe`).
+    pub probe: ProbeShape,
+}
+
+/// What background probes of evicted endpoints look like (`qos-pool-probe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProbeShape {
+    /// `path`: `GET <qos-pool-probe-path>` (the default).
+    #[default]
+    Path,
+    /// `traffic`: the method, path and headers of a recent real request of the service
+    /// that was idempotent and had no body; `GET <qos-pool-probe-path>` until one is seen.
+    Traffic,
 }
 
 impl Default for QosPoolParams {
@@ -60,6 +77,7 @@ impl Default for QosPoolParams {
             eject_after: 5,
             max_ejection_percent: 50.0,
             slow_start: Duration::from_secs(10),
+            probe: ProbeShape::Path,
         }
     }
 }
@@ -82,6 +100,9 @@ pub struct ServiceSettings {
     /// `failure-status`: response statuses that count as failures, i.e. SLO misses,
     /// however fast they come (default `5xx`).
     pub failure_status: StatusSet,
+    /// `retry-budget-*`: how many retries the service may add to its requests (see
+    /// [`crate::retry_budget`]).
+    pub retry_budget: RetryBudgetParams,
     pub qos_pool: QosPoolParams,
     /// Every `<strategy>-<param>` key not known here, for strategy plugins.
     pub params: BTreeMap<String, String>,
@@ -97,6 +118,7 @@ impl Default for ServiceSettings {
             connect_timeout: Duration::from_secs(1),
             retries: 2,
             failure_status: StatusSet::default(),
+            retry_budget: RetryBudgetParams::default(),
             qos_pool: QosPoolParams::default(),
             params: BTreeMap::new(),
         }
@@ -243,6 +265,29 @@ impl ServiceSettings {
                     })?;
             }
             "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
+            "retry-budget-ratio" => {
+                self.retry_budget.ratio = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=10.0).contains(r))
+                    .ok_or_else(|| {
+                        SettingError::new(
+                            key,
+                            value,
+                            "retries per request, a number from 0 to 10, e.g. \"0.2\"",
+                        )
+                    })?;
+            }
+            "retry-budget-min-per-second" => {
+                self.retry_budget.min_per_second = parse_count(key, value, 0, 100_000)? as u32;
+            }
+            "retry-budget-ttl" => {
+                let ttl = positive(key, value, dur(value)?)?;
+                if ttl > Duration::from_secs(600) {
+                    return Err(SettingError::new(key, value, "a duration up to 10m"));
+                }
+                self.retry_budget.ttl = ttl;
+            }
             "qos-pool-window" => {
                 self.qos_pool.window = parse_count(key, value, 1, 4096)?;
             }
@@ -269,6 +314,17 @@ impl ServiceSettings {
                 }
                 self.qos_pool.probe_path = value.to_string();
             }
+            "qos-pool-probe" => {
+                self.qos_pool.probe = match value {
+                    "path" => ProbeShape::Path,
+                    "traffic" => ProbeShape::Traffic,
+                    _ => return Err(SettingError::new(
+                        key,
+                        value,
+                        "\"path\" (GET qos-pool-probe-path) or \"traffic\" (like recent requests)",
+                    )),
+                };
+            }
             other => {
                 // `<strategy>-<param>` keys belong to strategies; anything else (a typo
                 // such as `latency-sloo`) is reported rather than silently ignored.
@@ -285,7 +341,8 @@ impl ServiceSettings {
                         key,
                         value,
                         "a known key: latency-slo, slo-percentile, strategy, timeout, \
-                         connect-timeout, retries, failure-status, qos-pool-*, or \
+                         connect-timeout, retries, failure-status, retry-budget-*, \
+                         qos-pool-*, or \
                          <strategy>-<param>",
                     ));
                 }
@@ -436,8 +493,12 @@ mod tests {
             ("timeout", "2s"),
             ("connect-timeout", "250ms"),
             ("retries", "1"),
+            ("retry-budget-ratio", "0.5"),
+            ("retry-budget-min-per-second", "0"),
+            ("retry-budget-ttl", "30s"),
             ("qos-pool-window", "32"),
             ("qos-pool-probe-path", "/healthz"),
+            ("qos-pool-probe", "traffic"),
             ("proximity-alpha", "0.8"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
@@ -447,8 +508,12 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_secs(2));
         assert_eq!(s.connect_timeout, Duration::from_millis(250));
         assert_eq!(s.retries, 1);
+        assert_eq!(s.retry_budget.ratio, 0.5);
+        assert_eq!(s.retry_budget.min_per_second, 0);
+        assert_eq!(s.retry_budget.ttl, Duration::from_secs(30));
         assert_eq!(s.qos_pool.window, 32);
         assert_eq!(s.qos_pool.probe_path, "/healthz");
+        assert_eq!(s.qos_pool.probe, ProbeShape::Traffic);
         assert_eq!(s.param("proximity", "alpha"), Some("0.8"));
     }
 
@@ -458,6 +523,10 @@ mod tests {
             ("latency-slo", "80"),
             ("slo-percentile", "150"),
             ("retries", "-1"),
+            ("retry-budget-ratio", "-0.1"),
+            ("retry-budget-min-per-second", "ten"),
+            ("retry-budget-ttl", "1h"),
+            ("qos-pool-probe", "GET"),
             ("bogus", "x"),
             ("latency-sloo", "80ms"),
         ]);
@@ -465,6 +534,7 @@ mod tests {
         assert_eq!(s.latency_slo, d.latency_slo);
         assert_eq!(s.slo_percentile, d.slo_percentile);
         assert_eq!(s.retries, d.retries);
+        assert_eq!(s.retry_budget, d.retry_budget);
         let keys: Vec<_> = errors.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(
             keys,
@@ -472,6 +542,10 @@ mod tests {
                 "latency-slo",
                 "slo-percentile",
                 "retries",
+                "retry-budget-ratio",
+                "retry-budget-min-per-second",
+                "retry-budget-ttl",
+                "qos-pool-probe",
                 "bogus",
                 "latency-sloo"
             ]

@@ -469,6 +469,85 @@ fn measurements_survive_unrelated_updates() {
 }
 
 #[test]
+fn history_belongs_to_name_and_address_so_a_recreated_pod_starts_fresh() {
+    let t0 = Instant::now();
+    let router = router_with(2, slo80(), t0);
+    let mut rng = SmallRng::seed_from_u64(19);
+    // pod-1 is slow and leaves the pool.
+    for i in 0..60 {
+        request(&router, t0 + ms(i), &mut rng, &|id| {
+            if id == "pod-1" {
+                ms(300)
+            } else {
+                ms(10)
+            }
+        });
+    }
+    assert_eq!(pool_ids(&router), ["pod-0"]);
+    let samples = |router: &Router, id: &str| {
+        let explain = router.explain(t0 + ms(100));
+        explain.services[0]
+            .endpoints
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.samples)
+            .unwrap()
+    };
+    let held = samples(&router, "pod-1");
+    assert!(held > 0);
+    // Only conditions, node and port change (same name and IP): the history stays.
+    let mut same_ip = Endpoint::new("pod-1", SocketAddr::from((Ipv4Addr::LOCALHOST, 9100)))
+        .on_node("node-7")
+        .with_conditions(Conditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        });
+    same_ip.zone = Some("zone-b".into());
+    router.apply(
+        [Update::UpsertEndpoint {
+            service: key(),
+            endpoint: same_ip,
+        }],
+        t0 + ms(100),
+    );
+    assert_eq!(samples(&router, "pod-1"), held);
+    assert_eq!(pool_ids(&router), ["pod-0"], "still judged on its history");
+    // Recreated under the same name with a new IP (a StatefulSet pod): a new pod.
+    let recreated =
+        Endpoint::new("pod-1", SocketAddr::from(([127, 0, 0, 2], 9001))).on_node("node-1");
+    for update in [
+        Update::UpsertEndpoint {
+            service: key(),
+            endpoint: recreated.clone(),
+        },
+        Update::SetEndpoints {
+            service: key(),
+            endpoints: vec![endpoints(1).remove(0), recreated.clone()],
+        },
+    ] {
+        router.apply([update], t0 + ms(100));
+        assert_eq!(samples(&router, "pod-1"), 0);
+        assert_eq!(pool_ids(&router), ["pod-0", "pod-1"], "warming again");
+        assert_eq!(
+            router.table().services[&key()].endpoints[1]
+                .state
+                .requests(),
+            0
+        );
+        // Going back to the old address does not bring the old history back either.
+        router.apply(
+            [Update::UpsertEndpoint {
+                service: key(),
+                endpoint: endpoints(2).remove(1),
+            }],
+            t0 + ms(100),
+        );
+        assert_eq!(samples(&router, "pod-1"), 0);
+    }
+}
+
+#[test]
 fn a_looser_slo_readmits_on_the_evidence_already_held() {
     let t0 = Instant::now();
     let router = router_with(2, slo80(), t0);

@@ -14,6 +14,10 @@
 //! [`Cpu`] the pods of one node hold one of its cores while processing; requests
 //! beyond either limit wait in arrival order, as on a busy node.
 //!
+//! Failing fast: [`Backend::set_failing`] makes the pod answer every request at once
+//! with a given status (e.g. `500`), without its processing time, as a pod whose
+//! dependency is down does; `None` brings the normal answers back.
+//!
 //! Routes (any method unless noted):
 //! - `/status/NNN` answers with status `NNN` (and the JSON echo as body);
 //! - `/stream?bytes=N[&chunk=K]` streams `N` bytes of [`crate::pattern_byte`]
@@ -31,7 +35,7 @@
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,6 +169,8 @@ struct Shared {
     cpu: Option<Cpu>,
     hits: AtomicU64,
     aborted: AtomicBool,
+    /// The status every request gets at once while failing; 0 when not failing.
+    failing: AtomicU16,
 }
 
 impl Shared {
@@ -239,6 +245,7 @@ impl Backend {
             cpu: config.cpu,
             hits: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
+            failing: AtomicU16::new(0),
         });
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
@@ -297,6 +304,19 @@ impl Backend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .0
+    }
+
+    /// Answer every request from now on at once with `status` (no processing time,
+    /// any path), or normally again with `None`.
+    pub fn set_failing(&self, status: Option<StatusCode>) {
+        self.shared
+            .failing
+            .store(status.map_or(0, |s| s.as_u16()), Ordering::Relaxed);
+    }
+
+    /// The status the pod is failing with, if it is.
+    pub fn failing(&self) -> Option<StatusCode> {
+        StatusCode::from_u16(self.shared.failing.load(Ordering::Relaxed)).ok()
     }
 
     /// Number of requests received so far (including `/reset`).
@@ -407,6 +427,13 @@ async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, NoResponse> {
     shared.hits.fetch_add(1, Ordering::Relaxed);
+    if let Ok(status) = StatusCode::from_u16(shared.failing.load(Ordering::Relaxed)) {
+        let mut response = plain(status, "failing (emulated)\n");
+        response
+            .headers_mut()
+            .insert("x-backend", shared.name_header.clone());
+        return Ok(response);
+    }
     let processing = shared.processing_time();
     shared.process(processing).await;
     if shared.is_aborted() {

@@ -350,3 +350,28 @@ async fn restart_right_after_abort_binds_the_same_port() {
     assert_eq!(parts.headers["x-backend"], "p2");
     assert_eq!(restarted.hits(), 1);
 }
+
+#[tokio::test]
+async fn a_failing_pod_answers_its_status_at_once_until_it_recovers() {
+    // A minute of processing, which failing answers skip: they arrive within PATIENCE.
+    let backend = Backend::spawn(
+        any_port(),
+        BackendConfig::new("f").delay(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    let client = client();
+    assert_eq!(backend.failing(), None);
+    backend.set_failing(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    assert_eq!(backend.failing(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    for path in ["/", "/status/200", "/stream?bytes=10"] {
+        let (parts, _) = get(&client, format!("http://{}{path}", backend.addr())).await;
+        assert_eq!(parts.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+        assert_eq!(parts.headers["x-backend"], "f");
+    }
+    backend.set_failing(None);
+    backend.set_delay(Duration::ZERO);
+    let (parts, _) = get(&client, format!("http://{}/", backend.addr())).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(backend.hits(), 4);
+}

@@ -24,6 +24,10 @@
 //! * **Timeout**: the service's `timeout` bounds the whole request up to response
 //!   headers; when it passes the client gets `504` and nothing is retried.
 //!
+//! Retries also need the service's retry budget (`RetryBudget`, linkerd's rule: a
+//! share of the requests plus a small floor per second): every request is counted in it,
+//! and a retry it refuses is not sent; the client gets the failure at hand.
+//!
 //! Every attempt is reported to the router (`ConnectFailed`, `Answered` with its status,
 //! `Failed`), so the QoS pool and the connection cooldown see every failure; a status in
 //! the service's `failure-status` set is a failure like a reset. While an attempt waits
@@ -496,6 +500,11 @@ impl Proxy {
                     return self.no_endpoint(key, error, start);
                 }
             };
+            if service.is_none() {
+                picked.route.retry_budget().record_request(attempt_start);
+                self.probe_shapes
+                    .remember(&picked.route, &req, attempt_start);
+            }
             let service = service
                 .get_or_insert_with(|| self.metrics.service(picked.route.key()))
                 .clone();
@@ -637,6 +646,14 @@ impl Proxy {
                 }
             };
             if retries_done >= retries {
+                return self.give_up(&service, failed, start);
+            }
+            if !picked.route.retry_budget().try_retry(Instant::now()) {
+                service.retry_refused();
+                debug!(
+                    service = service.label(),
+                    "retry budget spent: not retrying"
+                );
                 return self.give_up(&service, failed, start);
             }
             retries_done += 1;

@@ -57,6 +57,8 @@ pub struct Proxy {
     pool: Arc<ConnPool>,
     /// The proxy's own scheduling lag (see `stall.rs`).
     stall: Arc<StallMeter>,
+    /// Recent requests that traffic-shaped probes imitate (`qos-pool-probe: traffic`).
+    probe_shapes: prober::TrafficShapes,
 }
 
 impl Proxy {
@@ -73,6 +75,7 @@ impl Proxy {
             config,
             pool,
             stall,
+            probe_shapes: prober::TrafficShapes::default(),
         })
     }
 

@@ -10,6 +10,7 @@
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
 //! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), or that the client gave up on (`abandoned`) |
+//! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //!
@@ -92,6 +93,7 @@ struct Vecs {
     pool_changes: IntCounterVec,
     upstream_errors: IntCounterVec,
     retries: IntCounterVec,
+    retries_refused: IntCounterVec,
     picks: IntCounterVec,
     probes: IntCounterVec,
     unanswered: IntCounterVec,
@@ -125,6 +127,7 @@ pub(crate) struct ServiceMetrics {
     slo_met: LazyCounter,
     slo_missed: LazyCounter,
     retries: LazyCounter,
+    retries_refused: LazyCounter,
     picks: [LazyCounter; 4],
     overdue: LazyCounter,
     abandoned: LazyCounter,
@@ -217,6 +220,12 @@ impl Metrics {
                 "Extra attempts on another endpoint.",
                 &["service"],
             )?,
+            retries_refused: counter_vec(
+                registry,
+                "proxima_retries_refused_total",
+                "Retries not sent because the service's retry budget was spent.",
+                &["service"],
+            )?,
             picks: counter_vec(
                 registry,
                 "proxima_picks_total",
@@ -261,6 +270,7 @@ impl Metrics {
             slo_met: LazyCounter::new(),
             slo_missed: LazyCounter::new(),
             retries: LazyCounter::new(),
+            retries_refused: LazyCounter::new(),
             picks: std::array::from_fn(|_| LazyCounter::new()),
             overdue: LazyCounter::new(),
             abandoned: LazyCounter::new(),
@@ -390,6 +400,13 @@ impl ServiceMetrics {
         self.abandoned.get(&self.vecs.unanswered, &labels).inc();
     }
 
+    /// A retry the retry budget did not allow.
+    pub(crate) fn retry_refused(&self) {
+        self.retries_refused
+            .get(&self.vecs.retries_refused, &[&self.label])
+            .inc();
+    }
+
     pub(crate) fn pick(&self, reason: Reason) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         self.picks[i]
@@ -434,6 +451,7 @@ impl ServiceMetrics {
         for why in ["overdue", "abandoned"] {
             let _ = metrics.unanswered.remove_label_values(&[s, why]);
         }
+        let _ = metrics.retries_refused.remove_label_values(&[s]);
         for result in ["met", "missed"] {
             let _ = metrics.slo.remove_label_values(&[s, result]);
         }
@@ -562,6 +580,7 @@ mod tests {
         s.overdue();
         s.overdue();
         s.abandoned();
+        s.retry_refused();
         s.pick(Reason::Pool);
         s.pick(Reason::LastResort);
         let out = text(&registry);
@@ -576,6 +595,7 @@ mod tests {
             r#"proxima_retries_total{service="api.shop"} 1"#,
             r#"proxima_unanswered_total{service="api.shop",why="overdue"} 2"#,
             r#"proxima_unanswered_total{service="api.shop",why="abandoned"} 1"#,
+            r#"proxima_retries_refused_total{service="api.shop"} 1"#,
             r#"proxima_picks_total{reason="last-resort",service="api.shop"} 1"#,
         ] {
             assert!(out.contains(line), "missing {line} in\n{out}");

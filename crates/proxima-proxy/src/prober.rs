@@ -9,17 +9,27 @@
 //! [`Router::finish_probe`](proxima_core::Router::finish_probe); after `readmit-after`
 //! consecutive probes within the SLO the endpoint rejoins the pool.
 //!
+//! With `qos-pool-probe: traffic` a probe is shaped like the service's real traffic
+//! instead: the forwarding path remembers the last few requests of the service that
+//! were idempotent and had no body ([`TrafficShapes`]), and each probe reuses the
+//! method, path, query and headers of one of them (in turn, newest first), less
+//! `x-forwarded-for` (it names a client that did not send the probe) and plus
+//! `x-proxima-probe: 1`, so that a pod that is slow only on its real work is judged on
+//! that work. Until such a request was seen, or when the last one is older than the
+//! service's `qos-pool-max-age`, the probe is `GET <probe-path>`.
+//!
 //! Housekeeping rides on the same loop: expired idle connections are closed and metric
 //! series of services and endpoints that are gone are dropped.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::header::{HOST, USER_AGENT};
-use http::{HeaderValue, Request, Uri};
+use http::header::{HeaderName, HOST, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version};
 use http_body::Body;
-use proxima_core::{Outcome, ProbeTicket};
+use proxima_core::{Outcome, ProbeShape, ProbeTicket, ServiceKey, ServiceRoute, Table};
 use tokio::task::JoinSet;
 use tracing::debug;
 
@@ -31,6 +41,105 @@ use crate::Proxy;
 pub const TICK: Duration = Duration::from_millis(100);
 /// How often idle connections and stale metric series are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Requests remembered per service for traffic-shaped probes.
+const SHAPES_KEPT: usize = 8;
+/// Marks a probe to the pod (and to whoever reads its logs).
+const PROBE_HEADER: HeaderName = HeaderName::from_static("x-proxima-probe");
+
+/// One remembered request: what a traffic-shaped probe sends.
+#[derive(Debug)]
+struct Shape {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    seen: Instant,
+}
+
+#[derive(Debug, Default)]
+struct ServiceShapes {
+    /// Newest at the back.
+    recent: VecDeque<Arc<Shape>>,
+    /// Probes taken since the newest request was remembered (which one is next).
+    taken: usize,
+}
+
+/// Recent idempotent, body-less requests of services probed with
+/// `qos-pool-probe: traffic` (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct TrafficShapes {
+    services: Mutex<HashMap<ServiceKey, ServiceShapes>>,
+}
+
+impl TrafficShapes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ServiceKey, ServiceShapes>> {
+        self.services.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remember `req` (as it is about to be forwarded) if its service's probes are
+    /// shaped like its traffic and it can be sent again safely: idempotent method, no
+    /// body. Cheap when the service does not ask for it.
+    pub(crate) fn remember<B: Body>(&self, route: &ServiceRoute, req: &Request<B>, now: Instant) {
+        if route.settings().qos_pool.probe != ProbeShape::Traffic
+            || !req.body().is_end_stream()
+            || !matches!(
+                *req.method(),
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+            )
+        {
+            return;
+        }
+        let mut headers = req.headers().clone();
+        headers.remove(http::header::HeaderName::from_static("x-forwarded-for"));
+        let shape = Arc::new(Shape {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers,
+            seen: now,
+        });
+        let mut services = self.lock();
+        let entry = services.entry(route.key().clone()).or_default();
+        if entry.recent.len() == SHAPES_KEPT {
+            entry.recent.pop_front();
+        }
+        entry.recent.push_back(shape);
+        entry.taken = 0;
+    }
+
+    /// The request a probe of `service` should imitate: the remembered ones in turn,
+    /// newest first; `None` when none is younger than `max_age`.
+    fn take(&self, service: &ServiceKey, now: Instant, max_age: Duration) -> Option<Arc<Shape>> {
+        let mut services = self.lock();
+        let entry = services.get_mut(service)?;
+        entry
+            .recent
+            .retain(|s| now.saturating_duration_since(s.seen) <= max_age);
+        if entry.recent.is_empty() {
+            services.remove(service);
+            return None;
+        }
+        let n = entry.recent.len();
+        let shape = entry.recent[n - 1 - entry.taken % n].clone();
+        entry.taken += 1;
+        Some(shape)
+    }
+
+    /// Drop what was kept for services that are gone or no longer probe this way, and
+    /// requests older than their service's `qos-pool-max-age` (they may hold
+    /// credentials; see the README).
+    fn forget_old(&self, table: &Table, now: Instant) {
+        self.lock().retain(|key, shapes| {
+            let Some(route) = table.services.get(key) else {
+                return false;
+            };
+            let settings = &route.settings().qos_pool;
+            shapes
+                .recent
+                .retain(|s| now.saturating_duration_since(s.seen) <= settings.max_age);
+            settings.probe == ProbeShape::Traffic && !shapes.recent.is_empty()
+        });
+    }
+}
 
 /// Background probes of endpoints evicted from QoS pools (`Router::due_probes` /
 /// `finish_probe`), ticking every ~100 ms, until shutdown.
@@ -51,7 +160,9 @@ pub async fn run_prober(proxy: Arc<Proxy>, shutdown: impl Future<Output = ()> + 
                 if now.duration_since(last_sweep) >= SWEEP_EVERY {
                     last_sweep = now;
                     proxy.pool.sweep(now);
-                    proxy.metrics.forget_missing(&proxy.router.table());
+                    let table = proxy.router.table();
+                    proxy.metrics.forget_missing(&table);
+                    proxy.probe_shapes.forget_old(&table, now);
                 }
             }
             Some(_) = probes.join_next(), if !probes.is_empty() => {}
@@ -66,17 +177,20 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
     let service = proxy.metrics.service(&ticket.service);
     let start = Instant::now();
     let deadline = start + ticket.timeout;
-    let host = HeaderValue::from_str(&ticket.service.to_string()).ok();
-    let mut req = Request::new(RequestBody::Empty);
-    *req.uri_mut() = ticket
-        .path
-        .parse::<Uri>()
-        .unwrap_or_else(|_| Uri::from_static("/"));
-    if let Some(host) = host {
-        req.headers_mut().insert(HOST, host);
-    }
-    req.headers_mut()
-        .insert(USER_AGENT, HeaderValue::from_static("proxima-probe"));
+    let max_age = proxy
+        .router
+        .table()
+        .services
+        .get(&ticket.service)
+        .map_or(Duration::ZERO, |route| route.settings().qos_pool.max_age);
+    let shape = match ticket.shape {
+        ProbeShape::Traffic => proxy.probe_shapes.take(&ticket.service, start, max_age),
+        ProbeShape::Path => None,
+    };
+    let req = match shape {
+        Some(shape) => shaped_probe(&shape),
+        None => path_probe(&ticket),
+    };
 
     let outcome = match attempt(&proxy.pool, ticket.addr, req, deadline, ticket.timeout).await {
         Attempt::Response(response, sender) => {
@@ -129,4 +243,33 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
     if let Some(change) = proxy.router.finish_probe(ticket, Instant::now(), outcome) {
         proxy.pool_changed(&service, &endpoint, change);
     }
+}
+
+/// `GET <probe-path>`, with the service as `Host`.
+fn path_probe(ticket: &ProbeTicket) -> Request<RequestBody> {
+    let mut req = Request::new(RequestBody::Empty);
+    *req.uri_mut() = ticket
+        .path
+        .parse::<Uri>()
+        .unwrap_or_else(|_| Uri::from_static("/"));
+    if let Ok(host) = HeaderValue::from_str(&ticket.service.to_string()) {
+        req.headers_mut().insert(HOST, host);
+    }
+    req.headers_mut()
+        .insert(USER_AGENT, HeaderValue::from_static("proxima-probe"));
+    req.headers_mut()
+        .insert(PROBE_HEADER, HeaderValue::from_static("1"));
+    req
+}
+
+/// A copy of a remembered real request (see the module docs).
+fn shaped_probe(shape: &Shape) -> Request<RequestBody> {
+    let mut req = Request::new(RequestBody::Empty);
+    *req.method_mut() = shape.method.clone();
+    *req.uri_mut() = shape.uri.clone();
+    *req.headers_mut() = shape.headers.clone();
+    *req.version_mut() = Version::HTTP_11;
+    req.headers_mut()
+        .insert(PROBE_HEADER, HeaderValue::from_static("1"));
+    req
 }

@@ -845,6 +845,12 @@ impl Cluster {
                     }
                 }
             }
+            Action::Errors { instance, status } => {
+                let i = self.instance_index(instance)?;
+                if let Some((backend, _)) = self.lock().instances[i].running.as_ref() {
+                    backend.set_failing(*status);
+                }
+            }
             Action::Link { from, to, change } => {
                 let mut state = self.lock();
                 let targets: Vec<usize> = match to {

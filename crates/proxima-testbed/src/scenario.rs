@@ -36,6 +36,7 @@
 //!     do:
 //!       - join: api-2
 //!       - overload: { instance: api-1, add: 100ms }
+//!       - errors: { instance: api-1, status: 500 }       # answers 500 at once; `off` stops
 //!       - fail: { instance: api-1, remove-after: 1s }
 //!       - leave: api-1
 //!       - link: { between: [edge-1, "*"], add: 100ms }   # or delay: 30ms (one way)
@@ -198,6 +199,7 @@ struct ActionDoc {
     leave: Option<String>,
     fail: Option<FailDoc>,
     overload: Option<OverloadDoc>,
+    errors: Option<ErrorsDoc>,
     link: Option<LinkDoc>,
     usage: Option<UsageEventDoc>,
 }
@@ -222,6 +224,14 @@ struct OverloadDoc {
     instance: String,
     add: Option<String>,
     processing: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ErrorsDoc {
+    instance: String,
+    /// A status code, or `off`.
+    status: Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -382,6 +392,12 @@ pub enum Action {
         instance: String,
         add: Duration,
         processing: Option<ProcessingTime>,
+    },
+    /// Answer every request at once with this status (a pod failing fast), or normally
+    /// again with `None`.
+    Errors {
+        instance: String,
+        status: Option<http::StatusCode>,
     },
     /// Change the one-way delay between nodes (`to: None` = every other node), by
     /// setting or adding.
@@ -902,6 +918,29 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
                     },
                 });
             }
+            if let Some(e) = &a.errors {
+                let status = match &e.status {
+                    Value::String(off) if off == "off" => None,
+                    Value::Number(n) => Some(
+                        n.as_u64()
+                            .and_then(|n| u16::try_from(n).ok())
+                            .and_then(|n| http::StatusCode::from_u16(n).ok())
+                            .filter(|s| s.as_u16() >= 200)
+                            .ok_or_else(|| {
+                                invalid(format!("{what}.errors.status: a status from 200 to 999"))
+                            })?,
+                    ),
+                    _ => {
+                        return Err(invalid(format!(
+                            "{what}.errors.status: a status code or `off`"
+                        )))
+                    }
+                };
+                found.push(Action::Errors {
+                    instance: instance(&what, &e.instance)?,
+                    status,
+                });
+            }
             if let Some(l) = &a.link {
                 let from = node_index(&what, &l.between[0])?;
                 let to = match l.between[1].as_str() {
@@ -937,7 +976,7 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             }
             if found.len() != 1 {
                 return Err(invalid(format!(
-                    "{what}: each entry is exactly one of join, leave, fail, overload, link, usage"
+                    "{what}: each entry is exactly one of join, leave, fail, overload, errors, link, usage"
                 )));
             }
             actions.extend(found);
@@ -1124,6 +1163,39 @@ events:
   - { at: 2s, do: [{ usage: { node: b, cpu: 0.5 } }] }
 strategies: [round-robin, { label: P, spec: "proximity:alpha=0.8" }]
 "#;
+
+    #[test]
+    fn errors_events_take_a_status_or_off() {
+        let with = |status: &str| {
+            SMALL.replace(
+                "- { at: 2s, do: [{ usage: { node: b, cpu: 0.5 } }] }",
+                &format!(
+                    "- {{ at: 2s, do: [{{ errors: {{ instance: api-a, status: {status} }} }}] }}"
+                ),
+            )
+        };
+        let scenario = |text: &str| ScenarioFile::parse(text).and_then(|f| f.variant(""));
+        let s = scenario(&with("500")).unwrap();
+        assert_eq!(
+            s.events[1].actions[0],
+            Action::Errors {
+                instance: "api-a".into(),
+                status: Some(http::StatusCode::INTERNAL_SERVER_ERROR)
+            }
+        );
+        let s = scenario(&with("off")).unwrap();
+        assert_eq!(
+            s.events[1].actions[0],
+            Action::Errors {
+                instance: "api-a".into(),
+                status: None
+            }
+        );
+        for bad in ["99", "1000", "on", "[500]"] {
+            let error = scenario(&with(bad)).unwrap_err().to_string();
+            assert!(error.contains("errors.status"), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn a_small_scenario_is_checked_and_resolved() {
