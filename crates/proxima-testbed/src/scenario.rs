@@ -279,6 +279,25 @@ pub struct Scenario {
     pub testbed: TestbedSettings,
 }
 
+impl Scenario {
+    /// Each service's latency SLO and SLO percentile when run with `strategy` (whose
+    /// general keys, such as `latency-slo`, override the service's).
+    pub fn objectives(&self, strategy: &StrategySpec) -> Vec<(Duration, f64)> {
+        self.services
+            .iter()
+            .map(|s| {
+                let pairs = s
+                    .settings
+                    .iter()
+                    .chain(&strategy.settings)
+                    .map(|(k, v)| (k.as_str(), v.as_str()));
+                let (parsed, _) = ServiceSettings::from_pairs(pairs);
+                (parsed.latency_slo, parsed.slo_percentile)
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
     pub name: String,

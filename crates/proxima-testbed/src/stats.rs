@@ -98,6 +98,96 @@ impl Summary {
     }
 }
 
+/// The response time at percentile `p` when failed requests count as never answered:
+/// `None` when failures reach into that percentile.
+pub fn percentile_with_failures<'a>(
+    records: impl IntoIterator<Item = &'a RequestRecord>,
+    p: f64,
+) -> Option<Duration> {
+    let mut times: Vec<Option<Duration>> = records
+        .into_iter()
+        .map(|r| r.succeeded().then_some(r.latency))
+        .collect();
+    if times.is_empty() {
+        return Some(Duration::ZERO);
+    }
+    // `None` (failed) sorts first; move failures to the end.
+    times.sort_by_key(|t| t.map_or((1, Duration::ZERO), |d| (0, d)));
+    let rank = ((p / 100.0) * times.len() as f64).ceil() as usize;
+    times[rank.clamp(1, times.len()) - 1]
+}
+
+/// One service's numbers in one run (or one phase of it), against its own objective.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceSummary {
+    /// `name.namespace`.
+    pub service: String,
+    /// The service's `latency-slo` (ms) and `slo-percentile` (%), strategy
+    /// overrides included.
+    pub slo_ms: f64,
+    pub percentile: f64,
+    /// Response time at the service's own percentile (ms), failures counted as never
+    /// answered; `None` when failures reach into it.
+    pub at_percentile_ms: Option<f64>,
+    /// The service's own percentile met its own SLO (and it had requests).
+    pub met: bool,
+    pub summary: Summary,
+    /// Requests per instance of the service (`error` last, if any).
+    pub per_instance: Vec<(String, u64)>,
+    /// max / min requests over the service's instances that took at least 1% of its
+    /// requests (the members of its pool that were used).
+    pub spread: Option<f64>,
+}
+
+impl ServiceSummary {
+    /// `records` are the service's requests; `instances` its instances' indices
+    /// and names in the run's instance list.
+    pub fn of(
+        service: String,
+        slo: Duration,
+        percentile: f64,
+        records: &[&RequestRecord],
+        instances: &[(u16, String)],
+    ) -> Self {
+        let summary = Summary::of(records.iter().copied(), &|_| slo);
+        let at = percentile_with_failures(records.iter().copied(), percentile);
+        let mut counts: Vec<(String, u64)> =
+            instances.iter().map(|(_, n)| (n.clone(), 0)).collect();
+        let mut errors = 0;
+        for r in records {
+            match r
+                .instance
+                .and_then(|i| instances.iter().position(|(k, _)| *k == i))
+            {
+                Some(k) => counts[k].1 += 1,
+                None => errors += 1,
+            }
+        }
+        if errors > 0 {
+            counts.push((ERROR_BUCKET.to_string(), errors));
+        }
+        ServiceSummary {
+            service,
+            slo_ms: ms(slo),
+            percentile,
+            at_percentile_ms: at.map(ms),
+            met: summary.requests > 0 && at.is_some_and(|t| t <= slo),
+            spread: spread(&counts, summary.requests),
+            summary,
+            per_instance: counts,
+        }
+    }
+}
+
+/// One service in one run: the whole run, and each phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceReport {
+    #[serde(flatten)]
+    pub all: ServiceSummary,
+    /// Per phase, in phase order (named as in [`RunReport::phases`]).
+    pub phases: Vec<(String, ServiceSummary)>,
+}
+
 /// Requests of one phase (between two events).
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
@@ -129,8 +219,10 @@ pub struct RunReport {
     pub slo_ms: Option<f64>,
     /// Instances in scenario order with their request counts (`error` last, if any).
     pub per_instance: Vec<(String, u64)>,
-    /// max / min requests over the instances that took at least 1% of the requests.
-    pub spread: Option<f64>,
+    /// Each service against its own SLO and percentile, with its own spread.
+    pub services: Vec<ServiceReport>,
+    /// Services whose own percentile met their own SLO.
+    pub services_met: usize,
     pub phases: Vec<PhaseReport>,
     pub clients: Vec<ClientReport>,
     /// Whether every proxy knew every peer's latency (and usage) before traffic began.
@@ -228,5 +320,62 @@ mod tests {
         );
         assert_eq!(spread(&counts, 100), Some(1.02));
         assert_eq!(Summary::of(&[], &|_| Duration::ZERO), Summary::default());
+    }
+
+    #[test]
+    fn each_service_is_judged_by_its_own_percentile_and_slo() {
+        // 100 requests: 1..=96 ms answered by instance 0 or 1, then 4 failures.
+        let records: Vec<RequestRecord> = (1..=100)
+            .map(|i| {
+                let mut r = record(i, i.min(96), 200, Some((i % 2) as u16));
+                if i > 96 {
+                    r.status = 0;
+                    r.timed_out = i > 98;
+                    r.instance = None;
+                }
+                r
+            })
+            .collect();
+        let refs: Vec<&RequestRecord> = records.iter().collect();
+        let members = [(0u16, "a".to_string()), (1u16, "b".to_string())];
+        let p95 = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_millis(95),
+            95.0,
+            &refs,
+            &members,
+        );
+        assert_eq!(p95.at_percentile_ms, Some(95.0));
+        assert!(p95.met);
+        assert_eq!(p95.summary.failed, 4);
+        assert_eq!(p95.summary.timeouts, 2);
+        assert_eq!(
+            p95.per_instance,
+            [("a".into(), 48), ("b".into(), 48), (ERROR_BUCKET.into(), 4)]
+        );
+        assert_eq!(p95.spread, Some(1.0));
+        // The same requests against p99: failures reach into it, so it is not met.
+        let p99 = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_secs(10),
+            99.0,
+            &refs,
+            &members,
+        );
+        assert_eq!(p99.at_percentile_ms, None);
+        assert!(!p99.met);
+        // A tighter SLO at the same percentile is missed.
+        let tight = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_millis(90),
+            95.0,
+            &refs,
+            &members,
+        );
+        assert!(!tight.met);
+        // No requests: nothing met, nothing spread.
+        let none = ServiceSummary::of("x".into(), Duration::from_millis(1), 95.0, &[], &members);
+        assert!(!none.met);
+        assert_eq!(none.spread, None);
     }
 }

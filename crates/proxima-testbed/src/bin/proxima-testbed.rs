@@ -232,7 +232,7 @@ async fn run(command: Command) -> Result<()> {
                 }
             }
             eprintln!(
-                "wrote {}/results.json, summary.csv, instances.csv",
+                "wrote {}/results.json, summary.csv, services.csv, instances.csv",
                 out.display()
             );
             Ok(())
