@@ -24,6 +24,7 @@ pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod shape;
 pub mod stats;
 
 use std::path::{Path, PathBuf};

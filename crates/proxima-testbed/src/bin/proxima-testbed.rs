@@ -98,6 +98,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// Read and check a scenario file; every problem on a line of its own, after the
+/// file's name.
+fn load(path: &std::path::Path) -> Result<ScenarioFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    ScenarioFile::parse(&text).map_err(|e| {
+        let lines: Vec<String> = e
+            .to_string()
+            .lines()
+            .map(|l| format!("{}: {l}", path.display()))
+            .collect();
+        anyhow::anyhow!(
+            "{} is not a valid scenario:\n{}",
+            path.display(),
+            lines.join("\n")
+        )
+    })
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = std::process::Command::new("git").args(args).output().ok()?;
     out.status
@@ -108,10 +127,7 @@ fn git(args: &[&str]) -> Option<String> {
 async fn run(command: Command) -> Result<()> {
     match command {
         Command::Check { scenario } => {
-            let text = std::fs::read_to_string(&scenario)
-                .with_context(|| format!("cannot read {}", scenario.display()))?;
-            let file =
-                ScenarioFile::parse(&text).with_context(|| format!("{}", scenario.display()))?;
+            let file = load(&scenario)?;
             let jobs = plan(&file, &[], &[])?;
             println!("{}: {} run(s)", scenario.display(), jobs.len());
             for job in &jobs {
@@ -144,14 +160,11 @@ async fn run(command: Command) -> Result<()> {
             quiet,
             kube,
         } => {
-            let text = std::fs::read_to_string(&scenario)
-                .with_context(|| format!("cannot read {}", scenario.display()))?;
-            let file =
-                ScenarioFile::parse(&text).with_context(|| format!("{}", scenario.display()))?;
+            let file = load(&scenario)?;
             let strategies: Vec<StrategySpec> = strategies
                 .iter()
                 .filter(|s| !s.trim().is_empty())
-                .map(|s| StrategySpec::parse(s))
+                .map(|s| StrategySpec::parse(s).map_err(|e| anyhow::anyhow!("--strategies: {e}")))
                 .collect::<Result<_, _>>()?;
             let mut jobs = plan(&file, &strategies, &variants)?;
             if let Some(seed) = seed {
