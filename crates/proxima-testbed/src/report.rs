@@ -2,7 +2,8 @@
 //!
 //! * `results.json`: the scenario, the command and commit that produced it, and every
 //!   run's [`RunReport`] (summary, requests per instance and per phase, per client);
-//! * `summary.csv`: one line per run (with how many services met their own SLO);
+//! * `summary.csv`: one line per run (with how many services met their own SLO, and
+//!   the host's scheduling lag and load during it, `noisy` when the lag was high);
 //! * `services.csv`: one line per run, service and phase (`phase` = `all` for the whole
 //!   run): the service's own SLO and percentile, the response time at that percentile,
 //!   whether it was met, share within SLO, mean/p50/p95/p99, errors, timeouts, and the
@@ -17,7 +18,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::stats::{RunReport, ERROR_BUCKET};
+use crate::stats::{repeat_summaries, RepeatSummary, RunReport, Spread3, ERROR_BUCKET};
 use crate::TestbedError;
 
 /// Where a set of results came from.
@@ -37,6 +38,9 @@ struct ResultsFile<'a> {
     scenario: &'a str,
     description: Option<&'a str>,
     runs: &'a [RunReport],
+    /// With `--repeat N`: median and range per series and service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    repeats: Vec<RepeatSummary>,
 }
 
 /// The results table: one line per run, one per service and run (against the
@@ -47,7 +51,7 @@ pub fn table(runs: &[RunReport]) -> String {
     let width = runs.iter().map(|r| r.label.len()).max().unwrap_or(8).max(8);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>9}",
+        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>9}  host (runtime lag, 1-min load)",
         "run",
         "requests",
         "avg ms",
@@ -58,13 +62,13 @@ pub fn table(runs: &[RunReport]) -> String {
         "req/s",
         "errors",
         "timeouts",
-        "SLOs met"
+        "SLOs met",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}",
+            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}  {}",
             r.label,
             s.requests,
             s.avg_ms,
@@ -76,6 +80,15 @@ pub fn table(runs: &[RunReport]) -> String {
             s.failed,
             s.timeouts,
             format!("{}/{}", r.services_met, r.services.len()),
+            r.host.brief(),
+        );
+    }
+    if runs.iter().any(|r| r.host.noisy) {
+        let _ = writeln!(
+            out,
+            "NOISY: the runtime woke late (p99 lag above {} ms): the host, not only the \
+             strategy, shaped these runs' response times",
+            crate::host::NOISY_LAG_P99.as_millis()
         );
     }
     let swidth = runs
@@ -170,6 +183,34 @@ pub fn table(runs: &[RunReport]) -> String {
             }
         }
     }
+    let repeats = repeat_summaries(runs);
+    if runs.iter().any(|r| r.repeat > 1) {
+        let _ = writeln!(
+            out,
+            "\nover repeats (median [min..max]; met and noisy: runs out of all):"
+        );
+        let f = |s: &Option<Spread3>, unit: &str| {
+            s.as_ref().map_or("-".to_string(), |s| {
+                format!("{}{unit} [{}..{}]", s.median, s.min, s.max)
+            })
+        };
+        for r in &repeats {
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<swidth$} in SLO {}  at pct {}  p99 {}  spread {}  met {}/{}  noisy {}/{}",
+                r.series,
+                r.service,
+                f(&r.slo_share, "%"),
+                f(&r.at_percentile_ms, " ms"),
+                f(&r.p99_ms, " ms"),
+                f(&r.spread, ""),
+                r.met,
+                r.runs,
+                r.noisy,
+                r.runs
+            );
+        }
+    }
     if runs.iter().any(|r| r.clients.len() > 1) {
         let _ = writeln!(out, "\nper client (avg ms, req/s):");
         for r in runs {
@@ -213,23 +254,29 @@ pub fn write_files(
     raw: bool,
 ) -> Result<(), TestbedError> {
     std::fs::create_dir_all(dir).map_err(|e| TestbedError::io(dir, e))?;
+    let repeats = if runs.iter().any(|r| r.repeat > 1) {
+        repeat_summaries(runs)
+    } else {
+        Vec::new()
+    };
     let json = serde_json::to_string_pretty(&ResultsFile {
         provenance,
         scenario,
         description,
         runs,
+        repeats,
     })
     .map_err(|e| TestbedError::Invalid(e.to_string()))?;
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -248,6 +295,13 @@ pub fn write_files(
             s.duration_s,
             r.services_met,
             r.services.len(),
+            r.repeat,
+            r.host.lag_p50_ms,
+            r.host.lag_p99_ms,
+            r.host.lag_max_ms,
+            r.host.load_start.map_or(String::new(), |l| l.to_string()),
+            r.host.load_max.map_or(String::new(), |l| l.to_string()),
+            r.host.noisy,
         );
     }
     write(&dir.join("summary.csv"), &summary)?;

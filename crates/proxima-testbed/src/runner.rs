@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::client::{ClientRun, Live, RequestRecord, Sequencer};
 use crate::cluster::{Cluster, DiscoveryMode};
+use crate::host::{HostReport, HostSampler};
 use crate::scenario::{Scenario, StrategySpec, Trigger};
 use crate::stats::{
     per_instance, ClientReport, PhaseReport, RunReport, ServiceReport, ServiceSummary, Summary,
@@ -265,6 +266,7 @@ async fn drive(
     };
 
     let objectives = scenario.objectives(strategy);
+    let sampler = HostSampler::start();
     let mut clients = Vec::new();
     for (i, spec) in scenario.clients.iter().enumerate() {
         let service = &scenario.services[spec.service];
@@ -289,6 +291,10 @@ async fn drive(
                 .map_err(|e| TestbedError::Invalid(format!("a client failed: {e}")))?,
         );
     }
+    let host = sampler.finish().await;
+    if host.noisy {
+        tracing::warn!(run = %label, lag_p99_ms = host.lag_p99_ms, "the host was busy: this run is noisy");
+    }
     let _ = stop.send(true);
     let (phase_starts, failure) = driver
         .await
@@ -305,9 +311,9 @@ async fn drive(
         strategy,
         label,
         records,
-        instance_names,
         phase_starts,
         warmed_up,
+        host,
     ))
 }
 
@@ -317,10 +323,16 @@ fn report(
     strategy: &StrategySpec,
     label: &str,
     records: Vec<RequestRecord>,
-    instance_names: Vec<String>,
     phase_starts: Vec<(String, Duration)>,
     warmed_up: bool,
+    host: HostReport,
 ) -> RunReport {
+    // In the order `drive` numbered them.
+    let instance_names: Vec<String> = scenario
+        .services
+        .iter()
+        .flat_map(|s| s.instances.iter().map(|i| i.name.clone()))
+        .collect();
     let objectives = scenario.objectives(strategy);
     let service_of: Vec<usize> = scenario.clients.iter().map(|c| c.service).collect();
     let slos: Vec<Duration> = service_of.iter().map(|s| objectives[*s].0).collect();
@@ -420,6 +432,9 @@ fn report(
         phases,
         clients,
         warmed_up,
+        host,
+        repeat: 1,
+        series: label.to_string(),
         records,
         instance_names,
         phase_starts: phase_list,

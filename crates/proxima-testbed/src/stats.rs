@@ -227,6 +227,13 @@ pub struct RunReport {
     pub clients: Vec<ClientReport>,
     /// Whether every proxy knew every peer's latency (and usage) before traffic began.
     pub warmed_up: bool,
+    /// How busy the host was while the clients ran; `noisy` runs say as much about
+    /// the machine as about the strategy.
+    pub host: crate::host::HostReport,
+    /// Which of `--repeat N` runs this is (1-based), and the label of the series of
+    /// repeats it belongs to (its label without ` #k`).
+    pub repeat: u32,
+    pub series: String,
     /// Responses minus (requests per instance + errors): 0 when every request was
     /// counted exactly once.
     pub accounting_gap: i64,
@@ -236,6 +243,94 @@ pub struct RunReport {
     pub instance_names: Vec<String>,
     #[serde(skip)]
     pub phase_starts: Vec<(String, Duration)>,
+}
+
+/// The median and range of a value over repeated runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spread3 {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread3 {
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        let r = |x: f64| (x * 1e3).round() / 1e3;
+        Some(Spread3 {
+            median: r(median),
+            min: r(v[0]),
+            max: r(v[n - 1]),
+        })
+    }
+}
+
+/// One service of one series of repeated runs (`--repeat N`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RepeatSummary {
+    pub variant: String,
+    pub series: String,
+    pub service: String,
+    pub runs: usize,
+    /// Runs whose own percentile met the SLO, and runs marked noisy.
+    pub met: usize,
+    pub noisy: usize,
+    pub slo_share: Option<Spread3>,
+    /// Over the runs where failures did not reach into the percentile.
+    pub at_percentile_ms: Option<Spread3>,
+    pub p99_ms: Option<Spread3>,
+    pub spread: Option<Spread3>,
+}
+
+/// Median and range per series and service, over runs with the same `series`.
+pub fn repeat_summaries(runs: &[RunReport]) -> Vec<RepeatSummary> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in runs {
+        if !keys.contains(&(r.variant.as_str(), r.series.as_str())) {
+            keys.push((&r.variant, &r.series));
+        }
+    }
+    let mut out = Vec::new();
+    for (variant, series) in keys {
+        let group: Vec<&RunReport> = runs
+            .iter()
+            .filter(|r| r.variant == variant && r.series == series)
+            .collect();
+        let Some(first) = group.first() else { continue };
+        for (k, svc) in first.services.iter().enumerate() {
+            let each: Vec<&ServiceSummary> = group
+                .iter()
+                .filter_map(|r| r.services.get(k))
+                .map(|s| &s.all)
+                .collect();
+            let values = |f: &dyn Fn(&ServiceSummary) -> Option<f64>| -> Vec<f64> {
+                each.iter().filter_map(|s| f(s)).collect()
+            };
+            out.push(RepeatSummary {
+                variant: variant.to_string(),
+                series: series.to_string(),
+                service: svc.all.service.clone(),
+                runs: group.len(),
+                met: each.iter().filter(|s| s.met).count(),
+                noisy: group.iter().filter(|r| r.host.noisy).count(),
+                slo_share: Spread3::of(&values(&|s| Some(s.summary.slo_share))),
+                at_percentile_ms: Spread3::of(&values(&|s| s.at_percentile_ms)),
+                p99_ms: Spread3::of(&values(&|s| Some(s.summary.p99_ms))),
+                spread: Spread3::of(&values(&|s| s.spread)),
+            });
+        }
+    }
+    out
 }
 
 /// Name of the bucket for answers that came from no instance.
@@ -377,5 +472,14 @@ mod tests {
         let none = ServiceSummary::of("x".into(), Duration::from_millis(1), 95.0, &[], &members);
         assert!(!none.met);
         assert_eq!(none.spread, None);
+    }
+
+    #[test]
+    fn repeats_report_the_median_and_the_range() {
+        let s = Spread3::of(&[3.0, 1.0, 2.0, f64::INFINITY]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        let even = Spread3::of(&[4.0, 1.0, 2.0, 3.0]).unwrap();
+        assert_eq!(even.median, 2.5);
+        assert_eq!(Spread3::of(&[]), None);
     }
 }

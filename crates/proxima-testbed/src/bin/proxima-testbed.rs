@@ -55,6 +55,10 @@ enum Command {
         /// Also write every request to requests.csv.
         #[arg(long)]
         raw: bool,
+        /// Run everything N times and report, per strategy and service, the median and
+        /// range over the N runs (plots show the first).
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
         /// Do not draw PNG plots.
         #[arg(long)]
         no_plots: bool,
@@ -156,6 +160,7 @@ async fn run(command: Command) -> Result<()> {
             parallel,
             seed,
             raw,
+            repeat,
             no_plots,
             quiet,
             kube,
@@ -170,6 +175,20 @@ async fn run(command: Command) -> Result<()> {
             if let Some(seed) = seed {
                 for job in &mut jobs {
                     job.scenario.seed = seed;
+                }
+            }
+            let repeat = repeat.max(1);
+            // (repeat number, series label) of every job, in job order.
+            let mut series: Vec<(u32, String)> = Vec::new();
+            if repeat > 1 {
+                let once = std::mem::take(&mut jobs);
+                for k in 1..=repeat {
+                    for job in &once {
+                        let mut job = job.clone();
+                        series.push((k, job.strategy.label.clone()));
+                        job.strategy.label = format!("{} #{k}", job.strategy.label);
+                        jobs.push(job);
+                    }
                 }
             }
             if kube && parallel > 1 {
@@ -228,7 +247,14 @@ async fn run(command: Command) -> Result<()> {
             let _ = std::fs::remove_dir_all(&options.work_dir);
             drop(options);
             drop(control_plane);
-            let runs = result?;
+            let mut runs = result?;
+            for (run, (k, label)) in runs.iter_mut().zip(&series) {
+                run.repeat = *k;
+                run.series = match run.variant.as_str() {
+                    "" => label.clone(),
+                    v => format!("{v} {label}"),
+                };
+            }
 
             println!("{}", report::table(&runs));
             let provenance = Provenance {
@@ -240,7 +266,8 @@ async fn run(command: Command) -> Result<()> {
             };
             report::write_files(&out, &provenance, &name, description.as_deref(), &runs, raw)?;
             if !no_plots {
-                for path in plot::draw_all(&out, &runs)? {
+                let first: Vec<_> = runs.iter().filter(|r| r.repeat <= 1).cloned().collect();
+                for path in plot::draw_all(&out, &first)? {
                     eprintln!("wrote {}", path.display());
                 }
             }
