@@ -19,6 +19,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod generate;
 pub mod host;
 pub mod k8s;
 pub mod plot;

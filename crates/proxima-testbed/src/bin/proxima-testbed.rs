@@ -4,6 +4,7 @@
 //! proxima-testbed run examples/scenarios/qedgeproxy-static.yaml \
 //!     --strategies qos-pool,round-robin,proximity:alpha=0.8 --out docs/results/qedgeproxy-static
 //! proxima-testbed check examples/scenarios/rap-delay.yaml
+//! proxima-testbed generate --nodes 12 --regions 3 --services 3 --seed 7 --out gen.yaml
 //! ```
 
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
 use proxima_testbed::{
     k8s, plan, plot, run_jobs, DiscoveryMode, ProgressBoard, RunOptions, ScenarioFile, StrategySpec,
@@ -74,6 +76,23 @@ enum Command {
     },
     /// Check a scenario file and show what it would run.
     Check { scenario: PathBuf },
+    /// Write a random but valid scenario (every event kind once) to stdout or --out.
+    Generate {
+        #[arg(long)]
+        nodes: usize,
+        #[arg(long, default_value_t = 1)]
+        regions: usize,
+        #[arg(long, default_value_t = 1)]
+        services: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How long the clients send (seconds).
+        #[arg(long, default_value_t = 20)]
+        duration: u64,
+        /// Write the scenario here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -130,6 +149,32 @@ fn git(args: &[&str]) -> Option<String> {
 
 async fn run(command: Command) -> Result<()> {
     match command {
+        Command::Generate {
+            nodes,
+            regions,
+            services,
+            seed,
+            duration,
+            out,
+        } => {
+            let options = GenerateOptions {
+                nodes,
+                regions,
+                services,
+                seed,
+                duration_s: duration,
+            };
+            let text = generate(&options).map_err(|e| anyhow::anyhow!(e))?;
+            // Never write what check would refuse.
+            ScenarioFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("generated an invalid scenario (a bug):\n{e}"))?;
+            match out {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
         Command::Check { scenario } => {
             let file = load(&scenario)?;
             let jobs = plan(&file, &[], &[])?;
