@@ -153,6 +153,11 @@ pub fn table(runs: &[RunReport]) -> String {
         let _ = writeln!(out, "{:<width$}  {}", r.label, counts.join(" "));
     }
     if runs.iter().any(|r| r.phases.len() > 1) {
+        let pwidth = runs
+            .iter()
+            .flat_map(|r| r.phases.iter().map(|p| p.name.len()))
+            .max()
+            .unwrap_or(4);
         let _ = writeln!(
             out,
             "\nper phase and service (share in SLO, spread; requests per instance):"
@@ -171,7 +176,7 @@ pub fn table(runs: &[RunReport]) -> String {
                         .collect();
                     let _ = writeln!(
                         out,
-                        "{:<width$}  {:<swidth$} {:<4} {:>6.2}% {:>6}  {}",
+                        "{:<width$}  {:<swidth$} {:<pwidth$} {:>6.2}% {:>6}  {}",
                         r.label,
                         v.service,
                         phase,

@@ -438,5 +438,6 @@ fn report(
         records,
         instance_names,
         phase_starts: phase_list,
+        client_service: service_of,
     }
 }

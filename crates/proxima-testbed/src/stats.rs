@@ -243,6 +243,9 @@ pub struct RunReport {
     pub instance_names: Vec<String>,
     #[serde(skip)]
     pub phase_starts: Vec<(String, Duration)>,
+    /// Index into `services` of each client's service.
+    #[serde(skip)]
+    pub client_service: Vec<usize>,
 }
 
 /// The median and range of a value over repeated runs.
