@@ -18,6 +18,11 @@
 //! delayed like data and forwarded as a half-close. Limits: the TCP handshake
 //! with the relay itself is not delayed, and read/write errors (e.g. a reset)
 //! tear both connections down at once rather than after the delay.
+//!
+//! A delay of [`BLACKHOLE`] drops the link: data is held, not forwarded, until the
+//! delay changes (as TCP keeps retransmitting into a dead route); a peer waiting for
+//! an answer hangs until its own timeout. The handshake still completes (see above),
+//! so a new connection opens but nothing crosses it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -106,6 +111,13 @@ pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A delay that never ends: data is held (as dropped packets that TCP keeps
+/// retransmitting) until the delay is set to anything else. Give it to
+/// [`DelayLink::set_delay`] or [`DelayMatrix::set`](crate::DelayMatrix::set).
+pub const BLACKHOLE: Duration = Duration::MAX;
+
+const BLACKHOLE_NANOS: u64 = u64::MAX;
+
 async fn accept_loop(listener: TcpListener, target: SocketAddr, delay_nanos: Arc<AtomicU64>) {
     let mut relays = JoinSet::new();
     loop {
@@ -165,12 +177,19 @@ async fn delayed_copy(
 ) -> io::Result<()> {
     // `None` marks the end of stream.
     let (queue, mut pending) = mpsc::channel::<(Instant, Option<Bytes>)>(QUEUE_CHUNKS);
+    let read_delay = delay_nanos.clone();
     let read_side = async move {
         let mut buffer = BytesMut::with_capacity(READ_CHUNK);
         loop {
             buffer.reserve(READ_CHUNK);
             let read = reader.read_buf(&mut buffer).await?;
-            let due = Instant::now() + Duration::from_nanos(delay_nanos.load(Ordering::Relaxed));
+            let nanos = read_delay.load(Ordering::Relaxed);
+            // Held data goes once the link is back (the writer waits for that).
+            let due = Instant::now()
+                + match nanos {
+                    BLACKHOLE_NANOS => Duration::ZERO,
+                    n => Duration::from_nanos(n),
+                };
             let chunk = (read > 0).then(|| buffer.split().freeze());
             let at_end = chunk.is_none();
             if queue.send((due, chunk)).await.is_err() || at_end {
@@ -181,6 +200,9 @@ async fn delayed_copy(
     let write_side = async move {
         while let Some((due, chunk)) = pending.recv().await {
             crate::timer::sleep_until(due).await;
+            while delay_nanos.load(Ordering::Relaxed) == BLACKHOLE_NANOS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             match chunk {
                 Some(bytes) => writer.write_all(&bytes).await?,
                 None => {

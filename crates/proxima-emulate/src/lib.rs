@@ -23,7 +23,7 @@ mod processing;
 mod timer;
 
 pub use backend::{Backend, BackendConfig};
-pub use delay_link::DelayLink;
+pub use delay_link::{DelayLink, BLACKHOLE};
 pub use gate::{DelayMatrix, SourceDelayGate};
 pub use pattern::{pattern_byte, pattern_bytes};
 pub use processing::{Cpu, ProcessingTime};

@@ -8,7 +8,7 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use proxima_emulate::{Backend, BackendConfig, DelayLink};
+use proxima_emulate::{Backend, BackendConfig, DelayLink, BLACKHOLE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -158,4 +158,32 @@ async fn abort_closes_the_listener() {
         assert!(Instant::now() < deadline, "listener still open after abort");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_link_holds_data_until_it_is_back() {
+    let backend = Backend::spawn(any_port(), BackendConfig::new("far"))
+        .await
+        .unwrap();
+    let link = DelayLink::spawn(any_port(), backend.addr(), Duration::ZERO)
+        .await
+        .unwrap();
+    let mut stream = TcpStream::connect(link.addr()).await.unwrap();
+    round_trip(&mut stream).await;
+    link.set_delay(BLACKHOLE);
+    stream
+        .write_all(b"GET /status/200 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buffer = vec![0u8; 4096];
+    // Nothing comes back while the link drops everything (however slow the machine).
+    let held = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buffer)).await;
+    assert!(held.is_err(), "an answer crossed a blackholed link");
+    // Back up: the held request goes through, as TCP's retransmission would.
+    link.set_delay(Duration::ZERO);
+    let read = tokio::time::timeout(PATIENCE, stream.read(&mut buffer))
+        .await
+        .expect("the held request answered once the link is back")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buffer[..read]).starts_with("HTTP/1.1 200"));
 }

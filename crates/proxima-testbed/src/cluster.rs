@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 use proxima_admin::{AdminState, NodeEndpoints, Readiness};
 use proxima_core::{Router, Usage};
 use proxima_discovery::FileWatcher;
-use proxima_emulate::{Backend, BackendConfig, Cpu, DelayLink, DelayMatrix, SourceDelayGate};
+use proxima_emulate::{
+    Backend, BackendConfig, Cpu, DelayLink, DelayMatrix, SourceDelayGate, BLACKHOLE,
+};
 use proxima_nodes::{
     FixedUsage, LocalNode, NodeGauges, PeerProber, ProberConfig, ADMIN_PORT_LABEL,
 };
@@ -120,6 +122,10 @@ struct State {
     instances: Vec<InstanceRuntime>,
     /// Current one-way delays, `[from][to]`.
     one_way: Vec<Vec<Duration>>,
+    /// Links that drop everything, `[from][to]`.
+    blackholed: Vec<Vec<bool>>,
+    /// Nodes that are down (unreachable).
+    down: Vec<bool>,
     background: Vec<BaseUsage>,
 }
 
@@ -255,6 +261,8 @@ impl Cluster {
         let state = Arc::new(Mutex::new(State {
             instances,
             one_way: scenario.latency.one_way.clone(),
+            blackholed: vec![vec![false; n]; n],
+            down: vec![false; n],
             background: scenario
                 .nodes
                 .iter()
@@ -851,22 +859,86 @@ impl Cluster {
                     backend.set_failing(*status);
                 }
             }
-            Action::Link { from, to, change } => {
+            Action::Link { pairs, change } => {
                 let mut state = self.lock();
-                let targets: Vec<usize> = match to {
-                    Some(t) => vec![*t],
-                    None => (0..ips.len()).filter(|t| t != from).collect(),
-                };
-                for t in targets {
-                    for (a, b) in [(*from, t), (t, *from)] {
-                        let next = match change {
-                            LinkChange::Set(d) => *d,
-                            LinkChange::Add(d) => state.one_way[a][b] + *d,
-                        };
-                        state.one_way[a][b] = next;
-                        self.delays.set(ips[a], ips[b], next);
+                for &(x, y) in pairs {
+                    for (a, b) in [(x, y), (y, x)] {
+                        match change {
+                            LinkChange::Set(d) => state.one_way[a][b] = *d,
+                            LinkChange::Add(d) => state.one_way[a][b] += *d,
+                            LinkChange::Blackhole => state.blackholed[a][b] = true,
+                            LinkChange::Reset => {
+                                state.one_way[a][b] = self.scenario.latency.one_way(a, b);
+                                state.blackholed[a][b] = false;
+                            }
+                        }
+                        self.refresh_link(&state, &ips, a, b);
                     }
                 }
+            }
+            Action::ResetInstance(name) => {
+                let i = self.instance_index(name)?;
+                let state = self.lock();
+                let spec = self.instance_spec(&state.instances[i]);
+                if let Some((backend, _)) = state.instances[i].running.as_ref() {
+                    backend.set_delay(Duration::ZERO);
+                    backend.set_processing(spec.processing);
+                }
+            }
+            Action::NodeDown { node, remove_after } => {
+                {
+                    let mut state = self.lock();
+                    state.down[*node] = true;
+                    for other in 0..ips.len() {
+                        self.refresh_link(&state, &ips, *node, other);
+                        self.refresh_link(&state, &ips, other, *node);
+                    }
+                }
+                for (c, spec) in self.scenario.clients.iter().enumerate() {
+                    if spec.node == *node {
+                        self.clients[c].set_delay(BLACKHOLE);
+                    }
+                }
+                if let Some(after) = *remove_after {
+                    // The control plane notices the lost node and unlists its pods.
+                    let (cluster, node) = (self.clone(), *node);
+                    self.spawn(async move {
+                        tokio::time::sleep(after).await;
+                        {
+                            let mut state = cluster.lock();
+                            if !state.down[node] {
+                                return;
+                            }
+                            for inst in state.instances.iter_mut().filter(|i| i.node == node) {
+                                inst.listed = false;
+                            }
+                        }
+                        if let Err(error) = cluster.publish().await {
+                            tracing::warn!(%error, "cannot publish the topology");
+                        }
+                    });
+                }
+            }
+            Action::NodeUp(node) => {
+                {
+                    let mut state = self.lock();
+                    state.down[*node] = false;
+                    for other in 0..ips.len() {
+                        self.refresh_link(&state, &ips, *node, other);
+                        self.refresh_link(&state, &ips, other, *node);
+                    }
+                    for inst in state.instances.iter_mut().filter(|i| i.node == *node) {
+                        if inst.running.is_some() {
+                            inst.listed = true;
+                        }
+                    }
+                }
+                for (c, spec) in self.scenario.clients.iter().enumerate() {
+                    if spec.node == *node {
+                        self.clients[c].set_delay(spec.latency);
+                    }
+                }
+                self.publish().await?;
             }
             Action::Usage { node, cpu, ram } => {
                 let mut state = self.lock();
@@ -880,6 +952,20 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Set the live delay `a → b` from the state: its value, unless the link is
+    /// blackholed or either end is down.
+    fn refresh_link(&self, state: &State, ips: &[IpAddr], a: usize, b: usize) {
+        if a == b {
+            return;
+        }
+        let delay = if state.blackholed[a][b] || state.down[a] || state.down[b] {
+            BLACKHOLE
+        } else {
+            state.one_way[a][b]
+        };
+        self.delays.set(ips[a], ips[b], delay);
     }
 
     fn instance_index(&self, name: &str) -> Result<usize, TestbedError> {

@@ -19,11 +19,14 @@
 
 pub mod client;
 pub mod cluster;
+pub mod generate;
+pub mod host;
 pub mod k8s;
 pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod shape;
 pub mod stats;
 
 use std::path::{Path, PathBuf};

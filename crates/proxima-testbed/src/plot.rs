@@ -1,13 +1,16 @@
 //! PNG plots in the style of the papers' figures, drawn with `plotters` on its bitmap
 //! backend.
 //!
-//! * `instances[-<variant>].png`: requests per instance, one bar per strategy
-//!   (QEdgeProxy Fig. 4, proxy-mity Fig. 10);
-//! * `phases[-<variant>].png`: requests per instance in each phase between events, one
-//!   panel per strategy (QEdgeProxy Fig. 5);
-//! * `timeline[-<variant>].png`: every request's response time over time, one panel per
-//!   strategy, with the SLO and the events marked (with several variants, only for those
-//!   with events);
+//! * `instances[-<variant>].png`: requests per instance, one panel per service, one bar
+//!   per strategy (QEdgeProxy Fig. 4, proxy-mity Fig. 10); failures are counted in the
+//!   caption, not drawn as an instance;
+//! * `phases[-<variant>].png`: the request rate (req/s) of each instance in each phase
+//!   between events, a panel per service and strategy, one y-scale per service
+//!   (QEdgeProxy Fig. 5);
+//! * `timeline[-<variant>].png`: every request's response time over time on a log scale,
+//!   one panel per strategy on shared axes, one colour per service with its own SLO line,
+//!   failures as crosses, and the events labelled above the plot in rows that never
+//!   overlap or leave the image (with several variants, only for those with events);
 //! * `summary.png` (scenarios with variants): average response time and throughput per
 //!   run, one line per strategy over the variants and one per variant over the
 //!   strategies (proxy-mity Fig. 9, RAP Fig. 6, KubeEdge Fig. 7).
@@ -146,54 +149,40 @@ fn title(what: &str, runs: &[&RunReport], variant: &str) -> String {
     }
 }
 
-/// Instance names with traffic in any of `runs`, in scenario order (errors last).
-fn instance_axis(runs: &[&RunReport]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    if let Some(first) = runs.first() {
-        for (name, _) in &first.per_instance {
-            if name != ERROR_BUCKET {
-                names.push(name.clone());
-            }
-        }
-    }
-    if runs.iter().any(|r| {
-        r.per_instance
-            .iter()
-            .any(|(n, c)| n == ERROR_BUCKET && *c > 0)
-    }) {
-        names.push(ERROR_BUCKET.to_string());
-    }
-    names
+/// The services of `runs` (from the first), with their objective for captions.
+fn service_names(runs: &[&RunReport]) -> Vec<String> {
+    runs.first()
+        .map(|r| r.services.iter().map(|s| s.all.service.clone()).collect())
+        .unwrap_or_default()
 }
 
-fn count(per_instance: &[(String, u64)], name: &str) -> u64 {
-    per_instance
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, c)| *c)
+fn objective(run: &RunReport, service: usize) -> String {
+    run.services.get(service).map_or(String::new(), |s| {
+        format!("SLO {} ms @ p{}", s.all.slo_ms, s.all.percentile)
+    })
 }
 
-/// Grouped bars: one group per instance, one bar per run.
+/// Grouped bars: one group per `groups` entry, one bar per series.
 fn bars(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     caption: &str,
-    names: &[String],
-    series: &[(String, Vec<u64>)],
+    y_desc: &str,
+    groups: &[String],
+    series: &[(String, Vec<f64>)],
+    top: f64,
 ) -> Result<(), TestbedError> {
-    let top = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let n = names.len().max(1);
-    let labels = names.to_vec();
+    let n = groups.len().max(1);
+    let labels = groups.to_vec();
     let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 20))
+        .caption(caption, ("sans-serif", 17))
         .margin(10)
         .x_label_area_size(if n > 12 { 60 } else { 35 })
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..n as f64, 0f64..top * 1.12)
+        // Headroom for the legend box in the upper right, which grows with its entries.
+        .build_cartesian_2d(
+            0f64..n as f64,
+            0f64..top.max(1e-9) * (1.15 + 0.08 * series.len() as f64),
+        )
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -207,8 +196,14 @@ fn bars(
                 String::new()
             }
         })
-        .y_desc("requests")
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_desc(y_desc)
+        .y_label_formatter(&|y| {
+            if top >= 100.0 {
+                format!("{y:.0}")
+            } else {
+                format!("{y:.1}")
+            }
+        })
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(err)?;
@@ -220,7 +215,7 @@ fn bars(
         chart
             .draw_series(values.iter().enumerate().map(|(i, v)| {
                 let x0 = i as f64 + left;
-                Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v as f64)], c.filled())
+                Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v)], c.filled())
             }))
             .map_err(err)?
             .label(label.clone())
@@ -237,141 +232,380 @@ fn bars(
     Ok(())
 }
 
+/// One panel per service: its instances' requests, one bar per strategy. Requests
+/// without an instance (failures) are not a bar; their count is in the caption.
 fn instances(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), TestbedError> {
-    let names = instance_axis(runs);
-    let width = (260 + names.len() as u32 * (30 + 14 * runs.len() as u32)).clamp(800, 2400);
-    let root = BitMapBackend::new(path, (width, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let series: Vec<(String, Vec<u64>)> = runs
-        .iter()
-        .map(|r| {
-            (
-                r.label.clone(),
-                names.iter().map(|n| count(&r.per_instance, n)).collect(),
-            )
-        })
-        .collect();
-    bars(
-        &root,
-        &title("requests per instance", runs, variant),
-        &names,
-        &series,
-    )?;
-    root.present().map_err(err)
-}
-
-fn phases(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), TestbedError> {
-    let names = instance_axis(runs);
-    let panel_height = 380;
-    let root =
-        BitMapBackend::new(path, (1100, panel_height * runs.len() as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let panels = root.split_evenly((runs.len(), 1));
-    for (run, area) in runs.iter().zip(&panels) {
-        let series: Vec<(String, Vec<u64>)> = run
-            .phases
+    let services = service_names(runs);
+    let widest = runs.first().map_or(1, |r| {
+        r.services
             .iter()
-            .map(|p| {
-                let per: Vec<(String, u64)> = p
-                    .per_instance
-                    .iter()
-                    .map(|(k, v)| (k.clone(), *v))
-                    .collect();
-                (
-                    p.name.clone(),
-                    names.iter().map(|n| count(&per, n)).collect(),
-                )
-            })
-            .collect();
-        let caption = format!("{}: requests per instance per phase", run.label);
-        let caption = if variant.is_empty() {
-            caption
-        } else {
-            format!("[{variant}] {caption}")
-        };
-        bars(area, &caption, &names, &series)?;
-    }
-    root.present().map_err(err)
-}
-
-fn timeline(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), TestbedError> {
-    let panel_height = 300;
-    let root =
-        BitMapBackend::new(path, (1100, panel_height * runs.len() as u32 + 40)).into_drawing_area();
+            .map(|s| s.all.per_instance.len())
+            .max()
+            .unwrap_or(1)
+    });
+    let width = (300 + widest as u32 * (30 + 16 * runs.len() as u32)).clamp(900, 2400);
+    let panel = 420;
+    let root = BitMapBackend::new(path, (width, 40 + panel * services.len().max(1) as u32))
+        .into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (header, body) = root.split_vertically(40);
     header
         .draw(&Text::new(
-            title("response time over time", runs, variant),
+            title("requests per instance, per service", runs, variant),
             (10, 10),
             ("sans-serif", 20),
         ))
         .map_err(err)?;
-    let panels = body.split_evenly((runs.len(), 1));
-    for (i, (run, area)) in runs.iter().zip(&panels).enumerate() {
-        let end = run
-            .records
+    let panels = body.split_evenly((services.len().max(1), 1));
+    for (k, (service, area)) in services.iter().zip(&panels).enumerate() {
+        // Instances that never answered in any run (e.g. never started) are no bars.
+        let names: Vec<String> = runs[0].services[k]
+            .all
+            .per_instance
             .iter()
-            .map(|r| (r.start + r.latency).as_secs_f64())
-            .fold(0.0, f64::max)
-            .max(0.1);
-        // Outliers would flatten everything else: the axis goes to the larger of the
-        // 99.5th percentile and twice the SLO.
-        let mut times: Vec<f64> = run
-            .records
-            .iter()
-            .map(|r| r.latency.as_secs_f64() * 1e3)
+            .filter(|(n, _)| n != ERROR_BUCKET)
+            .filter(|(n, _)| {
+                runs.iter()
+                    .any(|r| count(&r.services[k].all.per_instance, n) > 0)
+            })
+            .map(|(n, _)| n.clone())
             .collect();
-        times.sort_by(f64::total_cmp);
-        let p995 = times
-            .get(((times.len() as f64) * 0.995) as usize)
-            .or(times.last())
-            .copied()
-            .unwrap_or(1.0);
-        let slo_ms = run.slo_ms;
-        let top = p995.max(slo_ms.unwrap_or(0.0) * 1.3).max(1.0) * 1.1;
-        let mut chart = ChartBuilder::on(area)
-            .caption(run.label.clone(), ("sans-serif", 16))
-            .margin(8)
+        let series: Vec<(String, Vec<f64>)> = runs
+            .iter()
+            .map(|r| {
+                let per = &r.services[k].all.per_instance;
+                (
+                    r.label.clone(),
+                    names.iter().map(|n| count(per, n) as f64).collect(),
+                )
+            })
+            .collect();
+        let failed: Vec<String> = runs
+            .iter()
+            .filter(|r| r.services[k].all.summary.failed > 0)
+            .map(|r| format!("{} {}", r.label, r.services[k].all.summary.failed))
+            .collect();
+        let caption = if failed.is_empty() {
+            format!("{service} ({})", objective(runs[0], k))
+        } else {
+            format!(
+                "{service} ({}); failed, no instance: {}",
+                objective(runs[0], k),
+                failed.join(", ")
+            )
+        };
+        let top = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .fold(1.0, f64::max);
+        bars(area, &caption, "requests", &names, &series, top)?;
+    }
+    root.present().map_err(err)
+}
+
+fn count(per_instance: &[(String, u64)], name: &str) -> u64 {
+    per_instance
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, c)| *c)
+}
+
+/// When the traffic of `run` ended (s): the last response read.
+fn traffic_end(run: &RunReport) -> f64 {
+    run.records
+        .iter()
+        .map(|r| (r.start + r.latency).as_secs_f64())
+        .fold(0.0, f64::max)
+        .max(0.1)
+}
+
+/// Phases of `run` with their length (s): from their start to the next one's, the
+/// last to the end of the traffic.
+fn phase_lengths(run: &RunReport) -> Vec<(String, f64)> {
+    let end = traffic_end(run);
+    let starts: Vec<f64> = run
+        .phase_starts
+        .iter()
+        .map(|(_, t)| t.as_secs_f64())
+        .collect();
+    run.phase_starts
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            let next = starts.get(i + 1).copied().unwrap_or(end);
+            (name.clone(), (next - starts[i]).max(1e-3))
+        })
+        .collect()
+}
+
+/// A grid of panels, services down and strategies across: each phase's request rate
+/// (req/s, so that phases of different lengths compare) per instance of the service.
+fn phases(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), TestbedError> {
+    let services = service_names(runs);
+    let (rows, cols) = (services.len().max(1), runs.len().max(1));
+    let phase_count = runs.iter().map(|r| r.phases.len()).max().unwrap_or(1);
+    let panel_w = (180 + phase_count as u32 * 70).clamp(560, 1400);
+    let root = BitMapBackend::new(path, (panel_w * cols as u32, 40 + 360 * rows as u32))
+        .into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let (header, body) = root.split_vertically(40);
+    header
+        .draw(&Text::new(
+            title(
+                "request rate per instance in each phase (req/s; phases differ in length)",
+                runs,
+                variant,
+            ),
+            (10, 10),
+            ("sans-serif", 20),
+        ))
+        .map_err(err)?;
+    let panels = body.split_evenly((rows, cols));
+    // One y-scale per service, shared by the strategies.
+    for (k, service) in services.iter().enumerate() {
+        let rate_of = |run: &RunReport| -> (Vec<String>, Vec<(String, Vec<f64>)>) {
+            let lengths = phase_lengths(run);
+            let svc = &run.services[k];
+            // No series for an instance that never answered in any run.
+            let names: Vec<String> = svc
+                .all
+                .per_instance
+                .iter()
+                .filter(|(n, _)| n != ERROR_BUCKET)
+                .filter(|(n, _)| {
+                    runs.iter()
+                        .any(|r| count(&r.services[k].all.per_instance, n) > 0)
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            let groups: Vec<String> = lengths.iter().map(|(n, _)| n.clone()).collect();
+            let series = names
+                .iter()
+                .map(|inst| {
+                    let values = svc
+                        .phases
+                        .iter()
+                        .zip(&lengths)
+                        .map(|((_, p), (_, len))| count(&p.per_instance, inst) as f64 / len)
+                        .collect();
+                    (inst.clone(), values)
+                })
+                .collect();
+            (groups, series)
+        };
+        let top = runs
+            .iter()
+            .flat_map(|r| rate_of(r).1.into_iter().flat_map(|(_, v)| v))
+            .fold(1e-3, f64::max);
+        for (c, run) in runs.iter().enumerate() {
+            let (groups, series) = rate_of(run);
+            let caption = format!("{service}, {}", run.label);
+            bars(
+                &panels[k * cols + c],
+                &caption,
+                "req/s",
+                &groups,
+                &series,
+                top,
+            )?;
+        }
+    }
+    root.present().map_err(err)
+}
+
+/// Rows of event labels that do not overlap: `(x pixel, text)` sorted by x give each
+/// label a row (0 = top) and a left edge kept inside `[left, right]`.
+fn label_rows(labels: &[(i32, String)], left: i32, right: i32, char_px: i32) -> Vec<(usize, i32)> {
+    let mut row_ends: Vec<i32> = Vec::new();
+    labels
+        .iter()
+        .map(|(x, text)| {
+            let width = text.chars().count() as i32 * char_px + 6;
+            // Centred on its line, but never past the panel's edges.
+            let start = (x - width / 2).clamp(left, (right - width).max(left));
+            let row = match row_ends.iter().position(|end| *end < start) {
+                Some(r) => r,
+                None => {
+                    row_ends.push(i32::MIN);
+                    row_ends.len() - 1
+                }
+            };
+            row_ends[row] = start + width;
+            (row, start)
+        })
+        .collect()
+}
+
+/// One panel per strategy, on the same axes: every request's response time (log
+/// scale) over time, one colour per service with its SLO as a dashed line of that
+/// colour, failures as black crosses, and the events marked with labels above the
+/// plot that never overlap.
+fn timeline(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), TestbedError> {
+    const WIDTH: u32 = 1200;
+    const LEFT: i32 = 70;
+    const CHAR_PX: i32 = 7;
+    let services = service_names(runs);
+    let end = runs.iter().map(|r| traffic_end(r)).fold(0.1, f64::max);
+    let all_ms = runs
+        .iter()
+        .flat_map(|r| r.records.iter().map(|x| x.latency.as_secs_f64() * 1e3));
+    let (lo, hi) = all_ms.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let slo_max = runs
+        .iter()
+        .flat_map(|r| r.services.iter().map(|s| s.all.slo_ms))
+        .fold(0.0, f64::max);
+    let bottom = (lo.min(slo_max).max(0.05) * 0.8).max(0.05);
+    let top = hi.max(slo_max) * 1.3;
+    // Label rows are the same for every panel (same events, same axis) when the runs
+    // share their events; reserve the most any panel needs.
+    let plot_w = WIDTH as i32 - LEFT - 20;
+    let to_px = |t: f64| LEFT + 10 + (t / end * plot_w as f64) as i32;
+    let layouts: Vec<Vec<(usize, i32)>> = runs
+        .iter()
+        .map(|r| {
+            let labels: Vec<(i32, String)> = r
+                .phase_starts
+                .iter()
+                .skip(1)
+                .map(|(n, t)| (to_px(t.as_secs_f64()), n.clone()))
+                .collect();
+            label_rows(&labels, LEFT, WIDTH as i32 - 10, CHAR_PX)
+        })
+        .collect();
+    let rows = layouts
+        .iter()
+        .flat_map(|l| l.iter().map(|(r, _)| r + 1))
+        .max()
+        .unwrap_or(0) as u32;
+    let band = rows * 16 + 4;
+    let panel_h = 300 + band;
+    let legend_h = 30;
+    let root = BitMapBackend::new(path, (WIDTH, 40 + legend_h + panel_h * runs.len() as u32))
+        .into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    root.draw(&Text::new(
+        title("response time over time (log scale)", runs, variant),
+        (10, 10),
+        ("sans-serif", 20),
+    ))
+    .map_err(err)?;
+    // The legend: one entry per service, then failures.
+    let mut x = 10;
+    for (k, service) in services.iter().enumerate() {
+        let text = format!("{service} ({})", objective(runs[0], k));
+        root.draw(&Rectangle::new([(x, 46), (x + 12, 58)], colour(k).filled()))
+            .map_err(err)?;
+        root.draw(&Text::new(text.clone(), (x + 16, 45), ("sans-serif", 13)))
+            .map_err(err)?;
+        x += 16 + text.chars().count() as i32 * CHAR_PX + 20;
+    }
+    if runs.iter().any(|r| r.summary.failed > 0) {
+        root.draw(&Cross::new((x + 6, 52), 5, BLACK.stroke_width(2)))
+            .map_err(err)?;
+        root.draw(&Text::new(
+            "failed (timeouts at the client's timeout)",
+            (x + 16, 45),
+            ("sans-serif", 13),
+        ))
+        .map_err(err)?;
+    }
+
+    for (i, run) in runs.iter().enumerate() {
+        let y0 = 40 + legend_h as i32 + (panel_h * i as u32) as i32;
+        let area = root.clone().shrink((0, y0 as u32), (WIDTH, panel_h));
+        area.draw(&Text::new(run.label.clone(), (10, 2), ("sans-serif", 16)))
+            .map_err(err)?;
+        let mut chart = ChartBuilder::on(&area)
+            .margin_top(band as i32 + 20)
+            .margin_right(10)
+            .margin_bottom(6)
             .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..end, 0f64..top)
+            .y_label_area_size(LEFT as u32)
+            .build_cartesian_2d(0f64..end, (bottom..top).log_scale())
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("time (s)")
             .y_desc("response time (ms)")
+            .y_label_formatter(&|v| {
+                if *v >= 10.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.1}")
+                }
+            })
             .label_style(("sans-serif", 12))
             .draw()
             .map_err(err)?;
-        let c = colour(i);
+        for (k, _) in services.iter().enumerate() {
+            let c = colour(k);
+            chart
+                .draw_series(
+                    run.records
+                        .iter()
+                        .filter(|r| {
+                            r.succeeded()
+                                && run.client_service.get(usize::from(r.client)) == Some(&k)
+                        })
+                        .map(|r| {
+                            Circle::new(
+                                (
+                                    r.start.as_secs_f64(),
+                                    (r.latency.as_secs_f64() * 1e3).max(bottom),
+                                ),
+                                2,
+                                c.mix(0.45).filled(),
+                            )
+                        }),
+                )
+                .map_err(err)?;
+        }
         chart
-            .draw_series(run.records.iter().map(|r| {
-                let y = (r.latency.as_secs_f64() * 1e3).min(top);
-                let style = if r.succeeded() {
-                    c.mix(0.5).filled()
-                } else {
-                    RED.filled()
-                };
-                Circle::new((r.start.as_secs_f64(), y), 2, style)
+            .draw_series(run.records.iter().filter(|r| !r.succeeded()).map(|r| {
+                Cross::new(
+                    (
+                        r.start.as_secs_f64(),
+                        (r.latency.as_secs_f64() * 1e3).max(bottom),
+                    ),
+                    3,
+                    BLACK.stroke_width(1),
+                )
             }))
             .map_err(err)?;
-        if let Some(slo) = slo_ms {
+        for (k, svc) in run.services.iter().enumerate() {
+            let slo = svc.all.slo_ms;
             chart
-                .draw_series(LineSeries::new(
+                .draw_series(DashedLineSeries::new(
                     [(0.0, slo), (end, slo)],
-                    RED.stroke_width(1),
+                    8,
+                    5,
+                    colour(k).stroke_width(2),
                 ))
                 .map_err(err)?;
         }
-        for (name, at) in run.phase_starts.iter().skip(1) {
-            let x = at.as_secs_f64();
+        let band_top = y0 + 22;
+        for ((name, at), (row, left)) in run.phase_starts.iter().skip(1).zip(&layouts[i]) {
+            let t = at.as_secs_f64();
             chart
-                .draw_series(LineSeries::new([(x, 0.0), (x, top)], BLACK.stroke_width(1)))
+                .draw_series(LineSeries::new(
+                    [(t, bottom), (t, top)],
+                    BLACK.mix(0.6).stroke_width(1),
+                ))
                 .map_err(err)?;
-            chart
-                .draw_series([Text::new(name.clone(), (x, top * 0.97), ("sans-serif", 13))])
-                .map_err(err)?;
+            let (px, plot_top) = chart.backend_coord(&(t, top));
+            let label_y = band_top + *row as i32 * 16;
+            root.draw(&Text::new(
+                name.clone(),
+                (*left, label_y),
+                ("sans-serif", 12),
+            ))
+            .map_err(err)?;
+            // A thin leader from the label down to its line.
+            root.draw(&PathElement::new(
+                [(px, label_y + 13), (px, plot_top)],
+                BLACK.mix(0.3).stroke_width(1),
+            ))
+            .map_err(err)?;
         }
     }
     root.present().map_err(err)
@@ -520,5 +754,40 @@ fn strategy_label(r: &RunReport) -> String {
             .label
             .strip_prefix(v)
             .map_or(r.label.clone(), |s| s.trim().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_labels_never_overlap_or_leave_the_panel() {
+        let labels: Vec<(i32, String)> = [
+            (100, "overload"),
+            (110, "join"),
+            (115, "region-flap"),
+            (990, "the-last-one"),
+        ]
+        .into_iter()
+        .map(|(x, t)| (x, t.to_string()))
+        .collect();
+        let placed = label_rows(&labels, 70, 1000, 7);
+        let spans: Vec<(usize, i32, i32)> = placed
+            .iter()
+            .zip(&labels)
+            .map(|((row, left), (_, t))| (*row, *left, *left + t.len() as i32 * 7 + 6))
+            .collect();
+        for (i, a) in spans.iter().enumerate() {
+            assert!(a.1 >= 70 && a.2 <= 1000, "{a:?} leaves the panel");
+            for b in &spans[i + 1..] {
+                assert!(a.0 != b.0 || a.2 < b.1 || b.2 < a.1, "{a:?} overlaps {b:?}");
+            }
+        }
+        // Close labels go to rows of their own; a far one shares the first row.
+        assert_eq!(
+            placed.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            [0, 1, 2, 0]
+        );
     }
 }

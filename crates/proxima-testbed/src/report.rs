@@ -2,7 +2,12 @@
 //!
 //! * `results.json`: the scenario, the command and commit that produced it, and every
 //!   run's [`RunReport`] (summary, requests per instance and per phase, per client);
-//! * `summary.csv`: one line per run;
+//! * `summary.csv`: one line per run (with how many services met their own SLO, and
+//!   the host's scheduling lag and load during it, `noisy` when the lag was high);
+//! * `services.csv`: one line per run, service and phase (`phase` = `all` for the whole
+//!   run): the service's own SLO and percentile, the response time at that percentile,
+//!   whether it was met, share within SLO, mean/p50/p95/p99, errors, timeouts, and the
+//!   spread of requests over its instances (max/min over those with at least 1%);
 //! * `instances.csv`: requests per instance, per run and phase (`phase` = `all` for the
 //!   whole run);
 //! * `requests.csv` (with `--raw`): every request, with its error kind (`status`,
@@ -13,7 +18,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::stats::RunReport;
+use crate::stats::{repeat_summaries, RepeatSummary, RunReport, Spread3, ERROR_BUCKET};
 use crate::TestbedError;
 
 /// Where a set of results came from.
@@ -33,32 +38,37 @@ struct ResultsFile<'a> {
     scenario: &'a str,
     description: Option<&'a str>,
     runs: &'a [RunReport],
+    /// With `--repeat N`: median and range per series and service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    repeats: Vec<RepeatSummary>,
 }
 
-/// The results table (one line per run, then requests per instance).
+/// The results table: one line per run, one per service and run (against the
+/// service's own SLO and percentile), then requests per instance, per phase and per
+/// client.
 pub fn table(runs: &[RunReport]) -> String {
     let mut out = String::new();
     let width = runs.iter().map(|r| r.label.len()).max().unwrap_or(8).max(8);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>7}",
+        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>9}  host (runtime lag, 1-min load)",
         "run",
         "requests",
         "avg ms",
         "p50 ms",
         "p95 ms",
         "p99 ms",
-        "SLO met",
+        "in SLO",
         "req/s",
         "errors",
         "timeouts",
-        "spread"
+        "SLOs met",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>7}",
+            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}  {}",
             r.label,
             s.requests,
             s.avg_ms,
@@ -69,8 +79,69 @@ pub fn table(runs: &[RunReport]) -> String {
             s.throughput,
             s.failed,
             s.timeouts,
-            r.spread.map_or("-".to_string(), |x| format!("{x:.2}")),
+            format!("{}/{}", r.services_met, r.services.len()),
+            r.host.brief(),
         );
+    }
+    if runs.iter().any(|r| r.host.noisy) {
+        let _ = writeln!(
+            out,
+            "NOISY: the runtime woke late (p99 lag above {} ms): the host, not only the \
+             strategy, shaped these runs' response times",
+            crate::host::NOISY_LAG_P99.as_millis()
+        );
+    }
+    let swidth = runs
+        .iter()
+        .flat_map(|r| r.services.iter().map(|s| s.all.service.len()))
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    let _ = writeln!(
+        out,
+        "\nper service (each against its own SLO at its own percentile; spread = max/min \
+         requests over its instances with at least 1% of them):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<swidth$} {:>14} {:>8} {:>9} {:>4} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
+        "run",
+        "service",
+        "SLO",
+        "in SLO",
+        "at pct",
+        "met",
+        "avg ms",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "errors",
+        "timeouts",
+        "spread"
+    );
+    for r in runs {
+        for svc in &r.services {
+            let v = &svc.all;
+            let s = &v.summary;
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<swidth$} {:>14} {:>7.2}% {:>9} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8} {:>6}",
+                r.label,
+                v.service,
+                format!("{} ms @ p{}", v.slo_ms, v.percentile),
+                s.slo_share,
+                v.at_percentile_ms
+                    .map_or("failed".to_string(), |t| format!("{t:.2}")),
+                if v.met { "yes" } else { "no" },
+                s.avg_ms,
+                s.p50_ms,
+                s.p95_ms,
+                s.p99_ms,
+                s.failed,
+                s.timeouts,
+                v.spread.map_or("-".to_string(), |x| format!("{x:.2}")),
+            );
+        }
     }
     let _ = writeln!(out, "\nrequests per instance:");
     for r in runs {
@@ -82,24 +153,67 @@ pub fn table(runs: &[RunReport]) -> String {
         let _ = writeln!(out, "{:<width$}  {}", r.label, counts.join(" "));
     }
     if runs.iter().any(|r| r.phases.len() > 1) {
-        let _ = writeln!(out, "\nper phase (requests per instance; SLO met):");
+        let pwidth = runs
+            .iter()
+            .flat_map(|r| r.phases.iter().map(|p| p.name.len()))
+            .max()
+            .unwrap_or(4);
+        let _ = writeln!(
+            out,
+            "\nper phase and service (share in SLO, spread; requests per instance):"
+        );
         for r in runs.iter().filter(|r| r.phases.len() > 1) {
-            for p in &r.phases {
-                let counts: Vec<String> = p
-                    .per_instance
-                    .iter()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(name, n)| format!("{name}={n}"))
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "{:<width$}  {:<4} {:>6.2}%  {}",
-                    r.label,
-                    p.name,
-                    p.summary.slo_share,
-                    counts.join(" ")
-                );
+            for svc in &r.services {
+                for (phase, v) in &svc.phases {
+                    if v.summary.requests == 0 {
+                        continue;
+                    }
+                    let counts: Vec<String> = v
+                        .per_instance
+                        .iter()
+                        .filter(|(_, n)| *n > 0)
+                        .map(|(name, n)| format!("{name}={n}"))
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "{:<width$}  {:<swidth$} {:<pwidth$} {:>6.2}% {:>6}  {}",
+                        r.label,
+                        v.service,
+                        phase,
+                        v.summary.slo_share,
+                        v.spread.map_or("-".to_string(), |x| format!("{x:.2}")),
+                        counts.join(" ")
+                    );
+                }
             }
+        }
+    }
+    let repeats = repeat_summaries(runs);
+    if runs.iter().any(|r| r.repeat > 1) {
+        let _ = writeln!(
+            out,
+            "\nover repeats (median [min..max]; met and noisy: runs out of all):"
+        );
+        let f = |s: &Option<Spread3>, unit: &str| {
+            s.as_ref().map_or("-".to_string(), |s| {
+                format!("{}{unit} [{}..{}]", s.median, s.min, s.max)
+            })
+        };
+        for r in &repeats {
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<swidth$} in SLO {}  at pct {}  p99 {}  spread {}  met {}/{}  noisy {}/{}",
+                r.series,
+                r.service,
+                f(&r.slo_share, "%"),
+                f(&r.at_percentile_ms, " ms"),
+                f(&r.p99_ms, " ms"),
+                f(&r.spread, ""),
+                r.met,
+                r.runs,
+                r.noisy,
+                r.runs
+            );
         }
     }
     if runs.iter().any(|r| r.clients.len() > 1) {
@@ -133,7 +247,8 @@ fn write(path: &Path, text: &str) -> Result<(), TestbedError> {
     std::fs::write(path, text).map_err(|e| TestbedError::io(path, e))
 }
 
-/// Write `results.json`, `summary.csv`, `instances.csv` (and `requests.csv` when `raw`)
+/// Write `results.json`, `summary.csv`, `services.csv`, `instances.csv` (and
+/// `requests.csv` when `raw`)
 /// into `dir`.
 pub fn write_files(
     dir: &Path,
@@ -144,23 +259,29 @@ pub fn write_files(
     raw: bool,
 ) -> Result<(), TestbedError> {
     std::fs::create_dir_all(dir).map_err(|e| TestbedError::io(dir, e))?;
+    let repeats = if runs.iter().any(|r| r.repeat > 1) {
+        repeat_summaries(runs)
+    } else {
+        Vec::new()
+    };
     let json = serde_json::to_string_pretty(&ResultsFile {
         provenance,
         scenario,
         description,
         runs,
+        repeats,
     })
     .map_err(|e| TestbedError::Invalid(e.to_string()))?;
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,spread\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -177,10 +298,61 @@ pub fn write_files(
             s.max_ms,
             s.throughput,
             s.duration_s,
-            r.spread.map_or(String::new(), |x| x.to_string()),
+            r.services_met,
+            r.services.len(),
+            r.repeat,
+            r.host.lag_p50_ms,
+            r.host.lag_p99_ms,
+            r.host.lag_max_ms,
+            r.host.load_start.map_or(String::new(), |l| l.to_string()),
+            r.host.load_max.map_or(String::new(), |l| l.to_string()),
+            r.host.noisy,
         );
     }
     write(&dir.join("summary.csv"), &summary)?;
+
+    let mut services = String::from(
+        "variant,label,service,phase,slo_ms,percentile,at_percentile_ms,met,requests,failed,timeouts,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,spread,max_per_instance,min_per_instance\n",
+    );
+    for r in runs {
+        for svc in &r.services {
+            let rows = std::iter::once(("all", &svc.all))
+                .chain(svc.phases.iter().map(|(p, v)| (p.as_str(), v)));
+            for (phase, v) in rows {
+                let s = &v.summary;
+                let busy: Vec<u64> = v
+                    .per_instance
+                    .iter()
+                    .filter(|(n, c)| n != ERROR_BUCKET && *c * 100 >= s.requests && *c > 0)
+                    .map(|(_, c)| *c)
+                    .collect();
+                let _ = writeln!(
+                    services,
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    csv_field(&r.variant),
+                    csv_field(&r.label),
+                    csv_field(&v.service),
+                    csv_field(phase),
+                    v.slo_ms,
+                    v.percentile,
+                    v.at_percentile_ms.map_or(String::new(), |t| t.to_string()),
+                    v.met,
+                    s.requests,
+                    s.failed,
+                    s.timeouts,
+                    s.slo_share,
+                    s.avg_ms,
+                    s.p50_ms,
+                    s.p95_ms,
+                    s.p99_ms,
+                    v.spread.map_or(String::new(), |x| x.to_string()),
+                    busy.iter().max().map_or(String::new(), |x| x.to_string()),
+                    busy.iter().min().map_or(String::new(), |x| x.to_string()),
+                );
+            }
+        }
+    }
+    write(&dir.join("services.csv"), &services)?;
 
     let mut instances = String::from("variant,label,phase,instance,requests\n");
     for r in runs {

@@ -18,8 +18,11 @@ use tokio::sync::watch;
 
 use crate::client::{ClientRun, Live, RequestRecord, Sequencer};
 use crate::cluster::{Cluster, DiscoveryMode};
+use crate::host::{HostReport, HostSampler};
 use crate::scenario::{Scenario, StrategySpec, Trigger};
-use crate::stats::{per_instance, spread, ClientReport, PhaseReport, RunReport, Summary};
+use crate::stats::{
+    per_instance, ClientReport, PhaseReport, RunReport, ServiceReport, ServiceSummary, Summary,
+};
 use crate::TestbedError;
 
 /// How runs are carried out.
@@ -262,6 +265,8 @@ async fn drive(
         })
     };
 
+    let objectives = scenario.objectives(strategy);
+    let sampler = HostSampler::start();
     let mut clients = Vec::new();
     for (i, spec) in scenario.clients.iter().enumerate() {
         let service = &scenario.services[spec.service];
@@ -269,7 +274,7 @@ async fn drive(
             index: i as u16,
             spec: spec.clone(),
             service: format!("{}.{}", service.name, service.namespace),
-            slo: service.slo,
+            slo: objectives[spec.service].0,
             target: cluster.client_addr(i),
             sequencer: sequencer.clone(),
             live: live.clone(),
@@ -285,6 +290,10 @@ async fn drive(
             c.await
                 .map_err(|e| TestbedError::Invalid(format!("a client failed: {e}")))?,
         );
+    }
+    let host = sampler.finish().await;
+    if host.noisy {
+        tracing::warn!(run = %label, lag_p99_ms = host.lag_p99_ms, "the host was busy: this run is noisy");
     }
     let _ = stop.send(true);
     let (phase_starts, failure) = driver
@@ -302,9 +311,9 @@ async fn drive(
         strategy,
         label,
         records,
-        instance_names,
         phase_starts,
         warmed_up,
+        host,
     ))
 }
 
@@ -314,15 +323,19 @@ fn report(
     strategy: &StrategySpec,
     label: &str,
     records: Vec<RequestRecord>,
-    instance_names: Vec<String>,
     phase_starts: Vec<(String, Duration)>,
     warmed_up: bool,
+    host: HostReport,
 ) -> RunReport {
-    let slos: Vec<Duration> = scenario
-        .clients
+    // In the order `drive` numbered them.
+    let instance_names: Vec<String> = scenario
+        .services
         .iter()
-        .map(|c| scenario.services[c.service].slo)
+        .flat_map(|s| s.instances.iter().map(|i| i.name.clone()))
         .collect();
+    let objectives = scenario.objectives(strategy);
+    let service_of: Vec<usize> = scenario.clients.iter().map(|c| c.service).collect();
+    let slos: Vec<Duration> = service_of.iter().map(|s| objectives[*s].0).collect();
     let slo = |r: &RequestRecord| {
         slos.get(usize::from(r.client))
             .copied()
@@ -350,6 +363,46 @@ fn report(
             }
         })
         .collect();
+
+    // Per service: its own requests, instances, SLO and percentile, overall and per phase.
+    let mut first_instance = 0usize;
+    let mut services = Vec::new();
+    for (si, service) in scenario.services.iter().enumerate() {
+        let members: Vec<(u16, String)> = service
+            .instances
+            .iter()
+            .enumerate()
+            .map(|(k, inst)| ((first_instance + k) as u16, inst.name.clone()))
+            .collect();
+        first_instance += service.instances.len();
+        let own: Vec<&RequestRecord> = records
+            .iter()
+            .filter(|r| service_of.get(usize::from(r.client)) == Some(&si))
+            .collect();
+        let (slo, percentile) = objectives[si];
+        let name = format!("{}.{}", service.name, service.namespace);
+        let by_phase = phase_list
+            .iter()
+            .enumerate()
+            .map(|(p, (phase, _))| {
+                let in_phase: Vec<&RequestRecord> = own
+                    .iter()
+                    .copied()
+                    .filter(|r| usize::from(r.phase) == p)
+                    .collect();
+                (
+                    phase.clone(),
+                    ServiceSummary::of(name.clone(), slo, percentile, &in_phase, &members),
+                )
+            })
+            .collect();
+        services.push(ServiceReport {
+            all: ServiceSummary::of(name, slo, percentile, &own, &members),
+            phases: by_phase,
+        });
+    }
+    let services_met = services.iter().filter(|s| s.all.met).count();
+
     let clients = scenario
         .clients
         .iter()
@@ -371,15 +424,20 @@ fn report(
         variant: scenario.variant.clone(),
         strategy: strategy.strategy.clone(),
         label: label.to_string(),
-        spread: spread(&overall, summary.requests),
         accounting_gap: records.len() as i64 - counted as i64,
         summary,
         per_instance: overall,
+        services,
+        services_met,
         phases,
         clients,
         warmed_up,
+        host,
+        repeat: 1,
+        series: label.to_string(),
         records,
         instance_names,
         phase_starts: phase_list,
+        client_service: service_of,
     }
 }

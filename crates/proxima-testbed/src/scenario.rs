@@ -40,6 +40,12 @@
 //!       - fail: { instance: api-1, remove-after: 1s }
 //!       - leave: api-1
 //!       - link: { between: [edge-1, "*"], add: 100ms }   # or delay: 30ms (one way)
+//!       - link: { between: [region:eu, zone:b], add: 50ms }  # groups of nodes
+//!       - blackhole: { between: [edge-1, edge-2] }       # drop everything
+//!       - reset: { between: [edge-1, "*"] }              # back to `latency`
+//!       - reset: { instance: api-1 }                     # undo an overload
+//!       - node-down: { node: edge-2, remove-after: 10s } # unreachable (or a name)
+//!       - node-up: edge-2
 //!       - usage: { node: edge-2, cpu: 0.95 }             # background usage (RAP)
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
 //! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s }
@@ -47,8 +53,10 @@
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
 //!
-//! Parsing is strict (unknown keys are errors) and everything is checked before a run
-//! starts: names exist, durations parse, events refer to instances that exist.
+//! The full schema is in `docs/testbed.md`. Checking is strict and reports every
+//! problem with its line ([`crate::shape`] first: keys and forms; then names, values,
+//! strategies, and events against the run's time span and the topology's state at that
+//! time, [`check_timeline`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -63,10 +71,21 @@ use serde_yaml::Value;
 /// Why a scenario cannot be run.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
+    /// Not YAML, or not the shape of a scenario; one message, with its place.
     #[error("{0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(String),
     #[error("{0}")]
     Invalid(String),
+    /// Every problem found, one message each (`line N: path: what is wrong`).
+    #[error("{}", .0.join("\n"))]
+    Problems(Vec<String>),
+}
+
+impl From<serde_yaml::Error> for ScenarioError {
+    fn from(e: serde_yaml::Error) -> Self {
+        // Not `#[from]`: a source would print the same message twice in error chains.
+        ScenarioError::Yaml(e.to_string())
+    }
 }
 
 fn invalid(message: impl Into<String>) -> ScenarioError {
@@ -106,6 +125,7 @@ struct Doc {
 struct NodeDoc {
     name: String,
     zone: Option<String>,
+    region: Option<String>,
     cores: Option<usize>,
     usage: Option<UsageDoc>,
 }
@@ -202,6 +222,37 @@ struct ActionDoc {
     errors: Option<ErrorsDoc>,
     link: Option<LinkDoc>,
     usage: Option<UsageEventDoc>,
+    blackhole: Option<BlackholeDoc>,
+    reset: Option<ResetDoc>,
+    node_down: Option<NodeDownDoc>,
+    node_up: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct BlackholeDoc {
+    between: [String; 2],
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ResetDoc {
+    between: Option<[String; 2]>,
+    instance: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NodeDownDoc {
+    Name(String),
+    Full(NodeDownFull),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct NodeDownFull {
+    node: String,
+    remove_after: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -289,10 +340,31 @@ pub struct Scenario {
     pub testbed: TestbedSettings,
 }
 
+impl Scenario {
+    /// Each service's latency SLO and SLO percentile when run with `strategy` (whose
+    /// general keys, such as `latency-slo`, override the service's).
+    pub fn objectives(&self, strategy: &StrategySpec) -> Vec<(Duration, f64)> {
+        self.services
+            .iter()
+            .map(|s| {
+                let pairs = s
+                    .settings
+                    .iter()
+                    .chain(&strategy.settings)
+                    .map(|(k, v)| (k.as_str(), v.as_str()));
+                let (parsed, _) = ServiceSettings::from_pairs(pairs);
+                (parsed.latency_slo, parsed.slo_percentile)
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
     pub name: String,
     pub zone: Option<String>,
+    /// A group of zones, for link changes by region (`region:NAME`).
+    pub region: Option<String>,
     /// Cores shared by the node's instances; `None`: unlimited.
     pub cores: Option<usize>,
     /// Emulated usage reporting: background CPU and RAM fractions. Present when the
@@ -399,13 +471,23 @@ pub enum Action {
         instance: String,
         status: Option<http::StatusCode>,
     },
-    /// Change the one-way delay between nodes (`to: None` = every other node), by
-    /// setting or adding.
+    /// Change the links between pairs of nodes (both directions of each pair).
     Link {
-        from: usize,
-        to: Option<usize>,
+        pairs: Vec<(usize, usize)>,
         change: LinkChange,
     },
+    /// Put the instance's processing time back to the scenario's (undo `overload`).
+    ResetInstance(String),
+    /// The node becomes unreachable: every link to and from it drops everything, and so
+    /// do its clients' links to its proxy (its pods and its proxy are gone for everyone
+    /// else). Its instances leave discovery after `remove_after`, if given (as when the
+    /// control plane notices a lost node).
+    NodeDown {
+        node: usize,
+        remove_after: Option<Duration>,
+    },
+    /// The node is reachable again; its instances that still run are listed again.
+    NodeUp(usize),
     /// Set a node's background CPU and/or RAM usage.
     Usage {
         node: usize,
@@ -416,8 +498,14 @@ pub enum Action {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LinkChange {
+    /// Set the one-way delay.
     Set(Duration),
+    /// Add to the current one-way delay.
     Add(Duration),
+    /// Drop everything (data is held until the link changes again).
+    Blackhole,
+    /// Back to the scenario's latency, and no blackhole.
+    Reset,
 }
 
 /// A strategy to run the scenario with: `name[:key=value]...`.
@@ -463,13 +551,46 @@ impl StrategySpec {
             };
             settings.push((full, value.trim().to_string()));
         }
-        let probe = settings
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .chain([("strategy", strategy.as_str())]);
-        let (_, errors) = ServiceSettings::from_pairs(probe);
-        if let Some(e) = errors.first() {
-            return Err(invalid(format!("strategy {spec:?}: {e}")));
+        let registry = proxima_core::StrategyRegistry::default();
+        if !registry.names().any(|n| n == strategy) {
+            return Err(invalid(format!(
+                "strategy {spec:?}: unknown strategy {strategy:?}; one of {}",
+                registry.names().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let with = |extra: Option<(&str, &str)>| {
+            let pairs = settings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .chain(extra)
+                .chain([("strategy", strategy.as_str())]);
+            let (parsed, mut errors) = ServiceSettings::from_pairs(pairs);
+            let (_, built) = registry.build(&parsed);
+            errors.extend(built);
+            errors
+        };
+        if let Some(e) = with(None).first() {
+            return Err(invalid(format!(
+                "strategy {spec:?}: {}={:?} is not valid: expected {}",
+                e.key, e.value, e.expected
+            )));
+        }
+        // A parameter the strategy reads is refused with a value no parameter takes;
+        // one it does not know is silently ignored, so it is refused here instead.
+        for (key, _) in &settings {
+            if GENERAL_KEYS.contains(&key.as_str()) || key.starts_with("qos-pool-") {
+                continue;
+            }
+            let junk = "\u{1}";
+            let read = with(Some((key.as_str(), junk)))
+                .iter()
+                .any(|e| e.key == *key);
+            if !read {
+                return Err(invalid(format!(
+                    "strategy {spec:?}: {strategy} has no parameter `{}`",
+                    key.strip_prefix(&format!("{strategy}-")).unwrap_or(key)
+                )));
+            }
         }
         Ok(StrategySpec {
             label: spec.to_string(),
@@ -595,16 +716,21 @@ impl ScenarioFile {
             .find(|(n, _)| n == name)
             .ok_or_else(|| invalid(format!("no variant {name:?}")))?;
         let text = substitute(&self.text, vars)?;
-        let doc: Doc = serde_yaml::from_str(&text).map_err(|e| {
-            if name.is_empty() {
-                ScenarioError::Yaml(e)
-            } else {
-                invalid(format!("variant {name}: {e}"))
-            }
+        let prefix = |m: String| match name {
+            "" => m,
+            _ => format!("variant {name}: {m}"),
+        };
+        let lines = crate::shape::check(&text).map_err(|problems| {
+            ScenarioError::Problems(problems.into_iter().map(prefix).collect())
         })?;
-        let mut scenario = check(doc).map_err(|e| match name {
-            "" => e,
-            _ => invalid(format!("variant {name}: {e}")),
+        let doc: Doc =
+            serde_yaml::from_str(&text).map_err(|e| ScenarioError::Yaml(prefix(e.to_string())))?;
+        let mut scenario = check(doc).map_err(|e| {
+            let problems = match e {
+                ScenarioError::Problems(list) => list,
+                other => vec![other.to_string()],
+            };
+            ScenarioError::Problems(problems.iter().map(|m| prefix(lines.place(m))).collect())
         })?;
         scenario.variant = name.to_string();
         Ok(scenario)
@@ -701,39 +827,71 @@ fn fraction(what: &str, value: f64) -> Result<f64, ScenarioError> {
     }
 }
 
-/// Check a parsed document and resolve names into indices.
+/// Check a parsed document and resolve names into indices. Every problem found is
+/// reported (one message each, `path: what is wrong`); items that depend on a broken
+/// one are skipped rather than reported again.
 fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
+    let problems: std::cell::RefCell<Vec<String>> = Default::default();
+    let note = |r: Result<(), ScenarioError>| {
+        if let Err(e) = r {
+            problems.borrow_mut().push(e.to_string());
+        }
+    };
+    macro_rules! or_note {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    note(Err(e));
+                    None
+                }
+            }
+        };
+    }
+
     if doc.nodes.is_empty() {
-        return Err(invalid("nodes: at least one node is needed"));
+        note(Err(invalid("nodes: at least one node is needed")));
     }
     if doc.nodes.len() > 250 {
-        return Err(invalid(
+        note(Err(invalid(
             "nodes: at most 250 nodes (one loopback address each)",
-        ));
+        )));
     }
     let mut node_names = BTreeSet::new();
     let mut nodes = Vec::new();
     for (i, n) in doc.nodes.iter().enumerate() {
         if n.name.is_empty() || !node_names.insert(n.name.clone()) {
-            return Err(invalid(format!(
-                "nodes[{i}]: empty or duplicate name {:?}",
+            note(Err(invalid(format!(
+                "nodes[{i}].name: empty or duplicate name {:?}",
                 n.name
-            )));
+            ))));
+        }
+        if n.name.contains(':') || n.name == "*" {
+            note(Err(invalid(format!(
+                "nodes[{i}].name: {:?} cannot be a node name (`*`, `zone:` and `region:` \
+                 select groups of nodes in link events)",
+                n.name
+            ))));
         }
         let usage = match (&n.usage, n.cores) {
-            (Some(u), _) => Some(BaseUsage {
-                cpu: fraction(&format!("nodes[{i}].usage.cpu"), u.cpu)?,
-                ram: fraction(&format!("nodes[{i}].usage.ram"), u.ram)?,
-            }),
+            (Some(u), _) => {
+                let cpu = or_note!(fraction(&format!("nodes[{i}].usage.cpu"), u.cpu));
+                let ram = or_note!(fraction(&format!("nodes[{i}].usage.ram"), u.ram));
+                Some(BaseUsage {
+                    cpu: cpu.unwrap_or(0.0),
+                    ram: ram.unwrap_or(0.0),
+                })
+            }
             (None, Some(_)) => Some(BaseUsage { cpu: 0.0, ram: 0.0 }),
             (None, None) => None,
         };
         if n.cores == Some(0) {
-            return Err(invalid(format!("nodes[{i}].cores: at least 1")));
+            note(Err(invalid(format!("nodes[{i}].cores: at least 1"))));
         }
         nodes.push(NodeSpec {
             name: n.name.clone(),
             zone: n.zone.clone(),
+            region: n.region.clone(),
             cores: n.cores,
             usage,
         });
@@ -745,7 +903,7 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             .ok_or_else(|| invalid(format!("{what}: no node {name:?}")))
     };
 
-    let latency = check_latency(&doc.latency, &nodes, &node_index)?;
+    let latency = or_note!(check_latency(&doc.latency, &nodes, &node_index));
 
     let mut services = Vec::new();
     let mut instance_names = BTreeSet::new();
@@ -753,20 +911,32 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         let at = format!("services[{si}]");
         let mut settings = Vec::new();
         for (k, v) in &s.settings {
-            let v =
-                scalar(v).ok_or_else(|| invalid(format!("{at}.settings.{k}: expected a value")))?;
-            settings.push((k.clone(), v));
+            match scalar(v) {
+                Some(v) => settings.push((k.clone(), v)),
+                None => note(Err(invalid(format!(
+                    "{at}.settings.{k}: expected a single value"
+                )))),
+            }
         }
         let (parsed, errors) =
             ServiceSettings::from_pairs(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        if let Some(e) = errors.first() {
-            return Err(invalid(format!("{at}.settings: {e}")));
+        for e in errors {
+            note(Err(invalid(format!(
+                "{at}.settings.{}: {:?} is not valid: expected {}",
+                e.key, e.value, e.expected
+            ))));
+        }
+        if services.iter().any(|x: &ServiceSpecDoc| x.name == s.name) {
+            note(Err(invalid(format!(
+                "{at}.name: duplicate service {:?}",
+                s.name
+            ))));
         }
         let mut instances = Vec::new();
         for (ii, inst) in s.instances.iter().enumerate() {
             let what = format!("{at}.instances[{ii}]");
-            let node = node_index(&what, &inst.node)?;
-            let processing = processing(&format!("{what}.processing"), &inst.processing)?;
+            let node = or_note!(node_index(&format!("{what}.node"), &inst.node));
+            let processing = or_note!(processing(&format!("{what}.processing"), &inst.processing));
             let base = inst
                 .name
                 .clone()
@@ -778,15 +948,20 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             };
             for name in names {
                 if !instance_names.insert(name.clone()) {
-                    return Err(invalid(format!("{what}: duplicate instance name {name:?}")));
+                    note(Err(invalid(format!(
+                        "{what}: duplicate instance name {name:?}"
+                    ))));
+                    continue;
                 }
-                instances.push(InstanceSpec {
-                    name,
-                    node,
-                    processing,
-                    workers: inst.workers.map(|w| w.max(1)),
-                    start: inst.start.unwrap_or(true),
-                });
+                if let (Some(node), Some(processing)) = (node, processing) {
+                    instances.push(InstanceSpec {
+                        name,
+                        node,
+                        processing,
+                        workers: inst.workers.map(|w| w.max(1)),
+                        start: inst.start.unwrap_or(true),
+                    });
+                }
             }
         }
         services.push(ServiceSpecDoc {
@@ -797,195 +972,339 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             instances,
         });
     }
-    if services.is_empty() {
-        return Err(invalid("services: at least one service is needed"));
+    if doc.services.is_empty() {
+        note(Err(invalid("services: at least one service is needed")));
     }
 
+    let before_clients = problems.borrow().len();
     let mut clients = Vec::new();
     for (ci, c) in doc.clients.iter().enumerate() {
         let what = format!("clients[{ci}]");
-        let node = node_index(&what, &c.node)?;
-        let service = services
+        let node = or_note!(node_index(&format!("{what}.node"), &c.node));
+        let service = or_note!(services
             .iter()
             .position(|s| s.name == c.service)
-            .ok_or_else(|| invalid(format!("{what}: no service {:?}", c.service)))?;
-        let duration = c
+            .ok_or_else(|| invalid(format!("{what}.service: no service {:?}", c.service))));
+        let duration = or_note!(c
             .duration
             .as_deref()
             .map(|d| duration(&format!("{what}.duration"), d))
-            .transpose()?;
-        if c.requests.is_none() && duration.is_none() {
-            return Err(invalid(format!("{what}: give `requests` or `duration`")));
+            .transpose())
+        .flatten();
+        if c.requests.is_none() && c.duration.is_none() {
+            note(Err(invalid(format!(
+                "{what}: give `requests` (a count) or `duration` (e.g. 10s)"
+            ))));
         }
         if let Some(rate) = c.rate {
             if !(rate.is_finite() && rate > 0.0) {
-                return Err(invalid(format!(
+                note(Err(invalid(format!(
                     "{what}.rate: expected requests per second > 0"
-                )));
+                ))));
             }
         }
-        let method = c
+        let method = or_note!(c
             .method
             .as_deref()
             .unwrap_or(if c.body.is_some() { "POST" } else { "GET" })
             .parse::<http::Method>()
-            .map_err(|_| invalid(format!("{what}.method: not an HTTP method")))?;
+            .map_err(|_| invalid(format!("{what}.method: not an HTTP method"))));
         let path = c.path.clone().unwrap_or_else(|| "/".to_string());
         if !path.starts_with('/') {
-            return Err(invalid(format!("{what}.path: must start with /")));
+            note(Err(invalid(format!("{what}.path: must start with /"))));
         }
-        clients.push(ClientSpec {
-            name: c
-                .name
-                .clone()
-                .unwrap_or_else(|| format!("client-{}", c.node)),
-            node,
-            latency: opt_duration(&format!("{what}.latency"), &c.latency, Duration::ZERO)?,
-            service,
-            requests: c.requests,
-            duration,
-            concurrency: c
-                .concurrency
-                .unwrap_or(if c.rate.is_some() { 256 } else { 1 })
-                .max(1),
-            rate: c.rate,
-            method,
-            path,
-            body: c.body.clone(),
-            // Filled in from `testbed.client-timeout` below when not given.
-            timeout: opt_duration(&format!("{what}.timeout"), &c.timeout, Duration::ZERO)?,
-        });
-    }
-    if clients.is_empty() {
-        return Err(invalid("clients: at least one client is needed"));
-    }
-    let mut client_names = BTreeSet::new();
-    for c in &clients {
-        if !client_names.insert(c.name.clone()) {
-            return Err(invalid(format!("clients: duplicate name {:?}", c.name)));
+        let latency = or_note!(opt_duration(
+            &format!("{what}.latency"),
+            &c.latency,
+            Duration::ZERO
+        ));
+        // Filled in from `testbed.client-timeout` below when not given.
+        let timeout = or_note!(opt_duration(
+            &format!("{what}.timeout"),
+            &c.timeout,
+            Duration::ZERO
+        ));
+        if c.timeout.is_some() && timeout == Some(Duration::ZERO) {
+            note(Err(invalid(format!(
+                "{what}.timeout: must be greater than zero"
+            ))));
         }
+        let name = c
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("client-{}", c.node));
+        if clients.iter().any(|x: &ClientSpec| x.name == name) {
+            note(Err(invalid(format!(
+                "{what}.name: duplicate name {name:?}"
+            ))));
+        }
+        if let (Some(node), Some(service), Some(method), Some(latency), Some(timeout)) =
+            (node, service, method, latency, timeout)
+        {
+            clients.push(ClientSpec {
+                name,
+                node,
+                latency,
+                service,
+                requests: c.requests,
+                duration,
+                concurrency: c
+                    .concurrency
+                    .unwrap_or(if c.rate.is_some() { 256 } else { 1 })
+                    .max(1),
+                rate: c.rate,
+                method,
+                path,
+                body: c.body.clone(),
+                timeout,
+            });
+        }
+    }
+    if doc.clients.is_empty() {
+        note(Err(invalid("clients: at least one client is needed")));
     }
 
-    let all_instances: Vec<&InstanceSpec> = services.iter().flat_map(|s| &s.instances).collect();
+    // Every name given, even of an instance with a problem of its own (reported above).
     let instance = |what: &str, name: &str| -> Result<String, ScenarioError> {
-        all_instances
-            .iter()
-            .any(|i| i.name == name)
+        instance_names
+            .contains(name)
             .then(|| name.to_string())
             .ok_or_else(|| invalid(format!("{what}: no instance {name:?}")))
+    };
+    // `name`, `*` (every node), `zone:NAME` or `region:NAME`.
+    let select = |what: &str, selector: &str| -> Result<Vec<usize>, ScenarioError> {
+        let chosen: Vec<usize> = if selector == "*" {
+            (0..nodes.len()).collect()
+        } else if let Some(zone) = selector.strip_prefix("zone:") {
+            (0..nodes.len())
+                .filter(|&i| nodes[i].zone.as_deref() == Some(zone))
+                .collect()
+        } else if let Some(region) = selector.strip_prefix("region:") {
+            (0..nodes.len())
+                .filter(|&i| nodes[i].region.as_deref() == Some(region))
+                .collect()
+        } else {
+            vec![node_index(what, selector)?]
+        };
+        if chosen.is_empty() {
+            return Err(invalid(format!("{what}: {selector:?} selects no node")));
+        }
+        Ok(chosen)
+    };
+    let pairs = |what: &str, between: &[String; 2]| -> Result<Vec<(usize, usize)>, ScenarioError> {
+        let a = select(&format!("{what}.between[0]"), &between[0])?;
+        let b = select(&format!("{what}.between[1]"), &between[1])?;
+        let mut out = BTreeSet::new();
+        for &x in &a {
+            for &y in &b {
+                if x != y {
+                    out.insert((x.min(y), x.max(y)));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(invalid(format!(
+                "{what}.between: {:?} and {:?} make no pair of different nodes",
+                between[0], between[1]
+            )));
+        }
+        Ok(out.into_iter().collect())
     };
     let mut events = Vec::new();
     for (ei, e) in doc.events.iter().enumerate() {
         let what = format!("events[{ei}]");
         let at = match &e.at {
-            Value::Number(n) => Trigger::Requests(
-                n.as_u64()
-                    .ok_or_else(|| invalid(format!("{what}.at: a request count or a duration")))?,
-            ),
-            Value::String(s) => Trigger::Time(duration(&format!("{what}.at"), s)?),
-            _ => return Err(invalid(format!("{what}.at: a request count or a duration"))),
+            Value::Number(n) => n.as_u64().map(Trigger::Requests),
+            Value::String(s) => or_note!(duration(&format!("{what}.at"), s)).map(Trigger::Time),
+            _ => None,
         };
+        if at.is_none() && !matches!(&e.at, Value::String(_)) {
+            note(Err(invalid(format!(
+                "{what}.at: a request count (e.g. 250) or a time (e.g. 5s)"
+            ))));
+        }
         let mut actions = Vec::new();
         for (ai, a) in e.actions.iter().enumerate() {
             let what = format!("{what}.do[{ai}]");
-            let mut found = Vec::new();
+            let mut found: Vec<Result<Action, ScenarioError>> = Vec::new();
             if let Some(name) = &a.join {
-                found.push(Action::Join(instance(&what, name)?));
+                found.push(instance(&format!("{what}.join"), name).map(Action::Join));
             }
             if let Some(name) = &a.leave {
-                found.push(Action::Leave(instance(&what, name)?));
+                found.push(instance(&format!("{what}.leave"), name).map(Action::Leave));
             }
             if let Some(fail) = &a.fail {
                 let (name, after) = match fail {
                     FailDoc::Name(n) => (n.clone(), None),
                     FailDoc::Full(f) => (f.instance.clone(), f.remove_after.clone()),
                 };
-                found.push(Action::Fail {
-                    instance: instance(&what, &name)?,
-                    remove_after: opt_duration(&what, &after, Duration::from_secs(1))?,
-                });
+                found.push((|| {
+                    Ok(Action::Fail {
+                        instance: instance(&format!("{what}.fail"), &name)?,
+                        remove_after: opt_duration(
+                            &format!("{what}.fail.remove-after"),
+                            &after,
+                            Duration::from_secs(1),
+                        )?,
+                    })
+                })());
             }
             if let Some(o) = &a.overload {
-                found.push(Action::Overload {
-                    instance: instance(&what, &o.instance)?,
-                    add: opt_duration(&format!("{what}.overload.add"), &o.add, Duration::ZERO)?,
-                    processing: match &o.processing {
+                found.push((|| {
+                    let add =
+                        opt_duration(&format!("{what}.overload.add"), &o.add, Duration::ZERO)?;
+                    let processing = match &o.processing {
                         Some(_) => Some(processing(
                             &format!("{what}.overload.processing"),
                             &o.processing,
                         )?),
                         None => None,
-                    },
-                });
+                    };
+                    if add.is_zero() && processing.is_none() {
+                        return Err(invalid(format!(
+                            "{what}.overload: give `add` (e.g. 100ms) and/or `processing`"
+                        )));
+                    }
+                    Ok(Action::Overload {
+                        instance: instance(&format!("{what}.overload.instance"), &o.instance)?,
+                        add,
+                        processing,
+                    })
+                })());
             }
             if let Some(e) = &a.errors {
-                let status = match &e.status {
-                    Value::String(off) if off == "off" => None,
-                    Value::Number(n) => Some(
-                        n.as_u64()
-                            .and_then(|n| u16::try_from(n).ok())
-                            .and_then(|n| http::StatusCode::from_u16(n).ok())
-                            .filter(|s| s.as_u16() >= 200)
-                            .ok_or_else(|| {
-                                invalid(format!("{what}.errors.status: a status from 200 to 999"))
-                            })?,
-                    ),
-                    _ => {
-                        return Err(invalid(format!(
-                            "{what}.errors.status: a status code or `off`"
-                        )))
-                    }
-                };
-                found.push(Action::Errors {
-                    instance: instance(&what, &e.instance)?,
-                    status,
-                });
+                found.push((|| {
+                    let status = match &e.status {
+                        Value::String(off) if off == "off" => None,
+                        Value::Number(n) => Some(
+                            n.as_u64()
+                                .and_then(|n| u16::try_from(n).ok())
+                                .and_then(|n| http::StatusCode::from_u16(n).ok())
+                                .filter(|s| s.as_u16() >= 200)
+                                .ok_or_else(|| {
+                                    invalid(format!(
+                                        "{what}.errors.status: a status from 200 to 999"
+                                    ))
+                                })?,
+                        ),
+                        _ => {
+                            return Err(invalid(format!(
+                                "{what}.errors.status: a status code or `off`"
+                            )))
+                        }
+                    };
+                    Ok(Action::Errors {
+                        instance: instance(&format!("{what}.errors.instance"), &e.instance)?,
+                        status,
+                    })
+                })());
             }
             if let Some(l) = &a.link {
-                let from = node_index(&what, &l.between[0])?;
-                let to = match l.between[1].as_str() {
-                    "*" => None,
-                    other => Some(node_index(&what, other)?),
-                };
-                let change = match (&l.add, &l.delay) {
-                    (Some(add), None) => {
-                        LinkChange::Add(duration(&format!("{what}.link.add"), add)?)
-                    }
-                    (None, Some(d)) => LinkChange::Set(duration(&format!("{what}.link.delay"), d)?),
-                    _ => {
-                        return Err(invalid(format!(
-                            "{what}.link: give either `add` or `delay`"
-                        )))
-                    }
-                };
-                found.push(Action::Link { from, to, change });
+                found.push((|| {
+                    let change = match (&l.add, &l.delay) {
+                        (Some(add), None) => {
+                            LinkChange::Add(duration(&format!("{what}.link.add"), add)?)
+                        }
+                        (None, Some(d)) => {
+                            LinkChange::Set(duration(&format!("{what}.link.delay"), d)?)
+                        }
+                        _ => {
+                            return Err(invalid(format!(
+                                "{what}.link: give either `add` or `delay` (one way); \
+                                 `reset` undoes a change"
+                            )))
+                        }
+                    };
+                    Ok(Action::Link {
+                        pairs: pairs(&format!("{what}.link"), &l.between)?,
+                        change,
+                    })
+                })());
             }
-            if let Some(u) = &a.usage {
-                let node = node_index(&what, &u.node)?;
-                if nodes[node].usage.is_none() {
-                    return Err(invalid(format!(
-                        "{what}.usage: node {:?} does not report usage (give it `usage` or `cores`)",
-                        u.node
-                    )));
-                }
-                found.push(Action::Usage {
-                    node,
-                    cpu: u.cpu.map(|c| fraction(&what, c)).transpose()?,
-                    ram: u.ram.map(|r| fraction(&what, r)).transpose()?,
+            if let Some(b) = &a.blackhole {
+                found.push(
+                    pairs(&format!("{what}.blackhole"), &b.between).map(|pairs| Action::Link {
+                        pairs,
+                        change: LinkChange::Blackhole,
+                    }),
+                );
+            }
+            if let Some(r) = &a.reset {
+                found.push(match (&r.between, &r.instance) {
+                    (Some(between), None) => {
+                        pairs(&format!("{what}.reset"), between).map(|pairs| Action::Link {
+                            pairs,
+                            change: LinkChange::Reset,
+                        })
+                    }
+                    (None, Some(name)) => {
+                        instance(&format!("{what}.reset.instance"), name).map(Action::ResetInstance)
+                    }
+                    _ => Err(invalid(format!(
+                        "{what}.reset: give either `between: [A, B]` (a link back to its \
+                         latency) or `instance: NAME` (processing back to the scenario's)"
+                    ))),
                 });
             }
-            if found.len() != 1 {
-                return Err(invalid(format!(
-                    "{what}: each entry is exactly one of join, leave, fail, overload, errors, link, usage"
-                )));
+            if let Some(d) = &a.node_down {
+                let (name, after) = match d {
+                    NodeDownDoc::Name(n) => (n.clone(), None),
+                    NodeDownDoc::Full(f) => (f.node.clone(), f.remove_after.clone()),
+                };
+                found.push((|| {
+                    Ok(Action::NodeDown {
+                        node: node_index(&format!("{what}.node-down"), &name)?,
+                        remove_after: after
+                            .as_deref()
+                            .map(|v| duration(&format!("{what}.node-down.remove-after"), v))
+                            .transpose()?,
+                    })
+                })());
             }
-            actions.extend(found);
+            if let Some(name) = &a.node_up {
+                found.push(node_index(&format!("{what}.node-up"), name).map(Action::NodeUp));
+            }
+            if let Some(u) = &a.usage {
+                found.push((|| {
+                    let node = node_index(&format!("{what}.usage.node"), &u.node)?;
+                    if nodes[node].usage.is_none() {
+                        return Err(invalid(format!(
+                            "{what}.usage.node: node {:?} does not report usage (give it \
+                             `usage` or `cores`)",
+                            u.node
+                        )));
+                    }
+                    Ok(Action::Usage {
+                        node,
+                        cpu: u
+                            .cpu
+                            .map(|c| fraction(&format!("{what}.usage.cpu"), c))
+                            .transpose()?,
+                        ram: u
+                            .ram
+                            .map(|r| fraction(&format!("{what}.usage.ram"), r))
+                            .transpose()?,
+                    })
+                })());
+            }
+            if found.len() != 1 {
+                note(Err(invalid(format!(
+                    "{what}: each entry is exactly one of {}",
+                    ACTION_KEYS.join(", ")
+                ))));
+                continue;
+            }
+            if let Some(action) = or_note!(found.remove(0)) {
+                actions.push(action);
+            }
         }
-        events.push(EventSpec {
-            name: e.name.clone().unwrap_or_else(|| format!("T{}", ei + 1)),
-            at,
-            actions,
-        });
+        if let Some(at) = at {
+            events.push(EventSpec {
+                name: e.name.clone().unwrap_or_else(|| format!("T{}", ei + 1)),
+                at,
+                actions,
+            });
+        }
     }
     // Count-triggered events must come in order: phases are numbered by them.
     let counts: Vec<u64> = events
@@ -996,71 +1315,81 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         })
         .collect();
     if counts.windows(2).any(|w| w[0] > w[1]) {
-        return Err(invalid(
+        note(Err(invalid(
             "events: request-count triggers must be in increasing order",
-        ));
+        )));
     }
 
+    // The timeline can be followed when every instance, client and event resolved
+    // (a service's settings do not matter to it).
+    let resolved = problems.borrow().len() == before_clients
+        && services.iter().map(|s| s.instances.len()).sum::<usize>() == instance_names.len();
     let mut strategies = Vec::new();
-    for s in &doc.strategies {
-        strategies.push(match s {
-            StrategyDoc::Spec(spec) => StrategySpec::parse(spec)?,
-            StrategyDoc::Labelled { label, spec } => StrategySpec::parse(spec)?.labelled(label),
-        });
+    for (i, s) in doc.strategies.iter().enumerate() {
+        let what = format!("strategies[{i}]");
+        let parsed = match s {
+            StrategyDoc::Spec(spec) => StrategySpec::parse(spec),
+            StrategyDoc::Labelled { label, spec } => {
+                StrategySpec::parse(spec).map(|p| p.labelled(label))
+            }
+        };
+        match parsed {
+            Ok(p) => strategies.push(p),
+            Err(e) => note(Err(invalid(format!("{what}: {e}")))),
+        }
     }
 
     let d = TestbedSettings::default();
     let t = &doc.testbed;
+    let drain = opt_duration("testbed.drain", &t.drain, d.drain).unwrap_or_else(|e| {
+        note(Err(e));
+        d.drain
+    });
+    let setting = |key: &str, value: &Option<String>, default: Duration| match opt_duration(
+        &format!("testbed.{key}"),
+        value,
+        default,
+    ) {
+        Ok(v) if v.is_zero() && value.is_some() => {
+            note(Err(invalid(format!(
+                "testbed.{key}: must be greater than zero"
+            ))));
+            default
+        }
+        Ok(v) => v,
+        Err(e) => {
+            note(Err(e));
+            default
+        }
+    };
     let testbed = TestbedSettings {
-        discovery_interval: opt_duration(
-            "testbed.discovery-interval",
+        discovery_interval: setting(
+            "discovery-interval",
             &t.discovery_interval,
             d.discovery_interval,
-        )?,
-        peer_probe_interval: opt_duration(
-            "testbed.peer-probe-interval",
+        ),
+        peer_probe_interval: setting(
+            "peer-probe-interval",
             &t.peer_probe_interval,
             d.peer_probe_interval,
-        )?,
-        usage_interval: opt_duration(
-            "testbed.usage-interval",
-            &t.usage_interval,
-            d.usage_interval,
-        )?,
-        usage_window: opt_duration("testbed.usage-window", &t.usage_window, d.usage_window)?,
-        warmup_timeout: opt_duration(
-            "testbed.warmup-timeout",
-            &t.warmup_timeout,
-            d.warmup_timeout,
-        )?,
-        drain: opt_duration("testbed.drain", &t.drain, d.drain)?,
-        client_timeout: opt_duration(
-            "testbed.client-timeout",
-            &t.client_timeout,
-            d.client_timeout,
-        )?,
+        ),
+        usage_interval: setting("usage-interval", &t.usage_interval, d.usage_interval),
+        usage_window: setting("usage-window", &t.usage_window, d.usage_window),
+        warmup_timeout: setting("warmup-timeout", &t.warmup_timeout, d.warmup_timeout),
+        drain,
+        client_timeout: setting("client-timeout", &t.client_timeout, d.client_timeout),
     };
-    if testbed.client_timeout.is_zero() {
-        return Err(invalid("testbed.client-timeout: must be greater than zero"));
-    }
     for (client, doc) in clients.iter_mut().zip(&doc.clients) {
         if doc.timeout.is_none() {
             client.timeout = testbed.client_timeout;
-        } else if client.timeout.is_zero() {
-            return Err(invalid(format!(
-                "clients {:?}: timeout must be greater than zero",
-                client.name
-            )));
         }
     }
-    if testbed.discovery_interval.is_zero()
-        || testbed.peer_probe_interval.is_zero()
-        || testbed.usage_interval.is_zero()
-    {
-        return Err(invalid("testbed: intervals must be greater than zero"));
-    }
 
-    Ok(Scenario {
+    let mut problems = problems.into_inner();
+    let Some(latency) = latency else {
+        return Err(problems_error(problems));
+    };
+    let scenario = Scenario {
         name: doc.name,
         description: doc.description,
         variant: String::new(),
@@ -1072,7 +1401,215 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         events,
         strategies,
         testbed,
-    })
+    };
+    if resolved {
+        problems.extend(check_timeline(&scenario, &doc.events));
+    }
+    if problems.is_empty() {
+        Ok(scenario)
+    } else {
+        Err(problems_error(problems))
+    }
+}
+
+/// The keys of an event action.
+const ACTION_KEYS: &[&str] = &[
+    "join",
+    "leave",
+    "fail",
+    "overload",
+    "errors",
+    "reset",
+    "link",
+    "blackhole",
+    "node-down",
+    "node-up",
+    "usage",
+];
+
+fn problems_error(problems: Vec<String>) -> ScenarioError {
+    ScenarioError::Problems(problems)
+}
+
+/// Events against the run's time span and against the state of the topology when they
+/// happen: nothing after the clients stop, no `join` of a running instance, no `leave`
+/// of one that is not running, no `node-up` of a node that is up, and so on. Events are
+/// followed in trigger order (count triggers in order, time triggers by time); when a
+/// scenario mixes both kinds, in file order, since which comes first depends on speed.
+fn check_timeline(scenario: &Scenario, docs: &[EventDoc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let all_timed = scenario.clients.iter().all(|c| c.duration.is_some());
+    let all_counted = scenario.clients.iter().all(|c| c.requests.is_some());
+    // Clients stop at the first of their limits.
+    let time_limit = all_timed
+        .then(|| scenario.clients.iter().filter_map(|c| c.duration).max())
+        .flatten();
+    let count_limit: Option<u64> = all_counted.then(|| {
+        scenario
+            .clients
+            .iter()
+            .filter_map(|c| c.requests)
+            .sum::<u64>()
+    });
+    for (i, e) in scenario.events.iter().enumerate() {
+        match e.at {
+            Trigger::Time(t) => {
+                if let Some(limit) = time_limit.filter(|l| t >= *l) {
+                    problems.push(format!(
+                        "events[{i}].at: {} is not before the clients stop (the last \
+                         client's duration is {})",
+                        fmt_duration(t),
+                        fmt_duration(limit)
+                    ));
+                }
+            }
+            Trigger::Requests(n) => {
+                if let Some(limit) = count_limit.filter(|l| n >= *l) {
+                    problems.push(format!(
+                        "events[{i}].at: after {n} requests comes after the last one \
+                         (the clients send {limit} in all)"
+                    ));
+                }
+            }
+        }
+    }
+    let mixed = scenario
+        .events
+        .iter()
+        .any(|e| matches!(e.at, Trigger::Time(_)))
+        && scenario
+            .events
+            .iter()
+            .any(|e| matches!(e.at, Trigger::Requests(_)));
+    let mut order: Vec<usize> = (0..scenario.events.len()).collect();
+    if !mixed {
+        order.sort_by_key(|&i| match scenario.events[i].at {
+            Trigger::Requests(n) => Duration::from_nanos(n),
+            Trigger::Time(t) => t,
+        });
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Pod {
+        NotStarted,
+        Running,
+        Gone,
+    }
+    let names: Vec<&str> = scenario
+        .services
+        .iter()
+        .flat_map(|s| s.instances.iter().map(|i| i.name.as_str()))
+        .collect();
+    let mut pods: Vec<Pod> = scenario
+        .services
+        .iter()
+        .flat_map(|s| s.instances.iter())
+        .map(|i| {
+            if i.start {
+                Pod::Running
+            } else {
+                Pod::NotStarted
+            }
+        })
+        .collect();
+    let mut down = vec![false; scenario.nodes.len()];
+    let pod = |name: &str| names.iter().position(|n| *n == name);
+    let state_name = |p: Pod| match p {
+        Pod::NotStarted => "has not started yet (start: false)",
+        Pod::Running => "is already running",
+        Pod::Gone => "has left or failed",
+    };
+    for i in order {
+        let event = &scenario.events[i];
+        for (ai, action) in event.actions.iter().enumerate() {
+            let key = docs
+                .get(i)
+                .and_then(|d| d.actions.get(ai))
+                .map_or("", action_key);
+            let what = format!("events[{i}].do[{ai}].{key}");
+            let when = match event.at {
+                Trigger::Requests(n) => format!("after {n} requests"),
+                Trigger::Time(t) => format!("at {}", fmt_duration(t)),
+            };
+            match action {
+                Action::Join(name) => {
+                    if let Some(k) = pod(name) {
+                        if pods[k] == Pod::Running {
+                            problems.push(format!(
+                                "{what}: {name:?} {} {when}; `join` starts an instance that \
+                                 is not running",
+                                state_name(pods[k])
+                            ));
+                        }
+                        pods[k] = Pod::Running;
+                    }
+                }
+                Action::Leave(name)
+                | Action::Fail { instance: name, .. }
+                | Action::Overload { instance: name, .. }
+                | Action::Errors { instance: name, .. }
+                | Action::ResetInstance(name) => {
+                    if let Some(k) = pod(name) {
+                        if pods[k] != Pod::Running {
+                            problems.push(format!(
+                                "{what}: {name:?} {} {when}; `{key}` needs a running instance",
+                                state_name(pods[k])
+                            ));
+                        }
+                        if matches!(action, Action::Leave(_) | Action::Fail { .. }) {
+                            pods[k] = Pod::Gone;
+                        }
+                    }
+                }
+                Action::NodeDown { node, .. } => {
+                    if std::mem::replace(&mut down[*node], true) {
+                        problems.push(format!(
+                            "{what}: node {:?} is already down {when}",
+                            scenario.nodes[*node].name
+                        ));
+                    }
+                }
+                Action::NodeUp(node) => {
+                    if !std::mem::replace(&mut down[*node], false) {
+                        problems.push(format!(
+                            "{what}: node {:?} is not down {when}; `node-up` follows a \
+                             `node-down`",
+                            scenario.nodes[*node].name
+                        ));
+                    }
+                }
+                Action::Link { .. } | Action::Usage { .. } => {}
+            }
+        }
+    }
+    problems
+}
+
+fn action_key(a: &ActionDoc) -> &'static str {
+    [
+        (a.join.is_some(), "join"),
+        (a.leave.is_some(), "leave"),
+        (a.fail.is_some(), "fail"),
+        (a.overload.is_some(), "overload"),
+        (a.errors.is_some(), "errors"),
+        (a.reset.is_some(), "reset"),
+        (a.link.is_some(), "link"),
+        (a.blackhole.is_some(), "blackhole"),
+        (a.node_down.is_some(), "node-down"),
+        (a.node_up.is_some(), "node-up"),
+        (a.usage.is_some(), "usage"),
+    ]
+    .into_iter()
+    .find(|(set, _)| *set)
+    .map_or("", |(_, k)| k)
+}
+
+fn fmt_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_secs_f64() * 1e3)
+    }
 }
 
 fn check_latency(
@@ -1219,8 +1756,7 @@ strategies: [round-robin, { label: P, spec: "proximity:alpha=0.8" }]
         assert_eq!(
             s.events[0].actions[1],
             Action::Link {
-                from: 0,
-                to: None,
+                pairs: vec![(0, 1)],
                 change: LinkChange::Add(Duration::from_millis(10))
             }
         );
@@ -1258,7 +1794,11 @@ strategies: [round-robin, { label: P, spec: "proximity:alpha=0.8" }]
                 "node: zz, processing",
                 "no node \"zz\"",
             ),
-            ("requests: 10", "path: /x", "give `requests` or `duration`"),
+            (
+                "requests: 10",
+                "path: /x",
+                "give `requests` (a count) or `duration`",
+            ),
             ("join: api-b-1", "join: ghost", "no instance \"ghost\""),
             ("latency-slo: 80ms", "latency-slo: 80", "latency-slo"),
             ("\"normal(5ms, 1ms)\"", "\"normal(5ms)\"", "processing"),
@@ -1299,5 +1839,226 @@ clients: [{ node: a, service: s, duration: 1s }]
         let s = ScenarioFile::parse(text).unwrap().variant("").unwrap();
         assert_eq!(s.latency.one_way(2, 1), Duration::from_millis(15));
         assert_eq!(s.latency.one_way(0, 0), Duration::ZERO);
+    }
+
+    /// The problems `check` reports for `text`, one string each.
+    fn problems(text: &str) -> Vec<String> {
+        match ScenarioFile::parse(text) {
+            Ok(_) => vec![],
+            Err(ScenarioError::Problems(list)) => list,
+            Err(other) => vec![other.to_string()],
+        }
+    }
+
+    const REGIONS: &str = r#"
+name: regions
+nodes:
+  - { name: a1, zone: za, region: eu }
+  - { name: a2, zone: za, region: eu }
+  - { name: b1, zone: zb, region: us }
+  - { name: c1, zone: zc, region: us }
+services:
+  - name: api
+    settings: { latency-slo: 50ms, slo-percentile: 90 }
+    instances:
+      - { name: p1, node: a1 }
+      - { name: p2, node: b1, start: false }
+clients:
+  - { node: a1, service: api, duration: 10s }
+events:
+  - { at: 1s, do: [{ link: { between: [region:eu, region:us], add: 30ms } }] }
+  - { at: 2s, do: [{ blackhole: { between: [zone:zb, "*"] } }, { join: p2 }] }
+  - { at: 3s, do: [{ reset: { between: [zone:zb, "*"] } }, { overload: { instance: p1, add: 50ms } }] }
+  - { at: 4s, do: [{ node-down: { node: c1, remove-after: 1s } }, { reset: { instance: p1 } }] }
+  - { at: 5s, do: [{ node-up: c1 }, { fail: p2 }] }
+"#;
+
+    #[test]
+    fn link_events_select_nodes_by_zone_and_region() {
+        let s = ScenarioFile::parse(REGIONS).unwrap().variant("").unwrap();
+        let region = &s.events[0].actions[0];
+        assert_eq!(
+            *region,
+            Action::Link {
+                pairs: vec![(0, 2), (0, 3), (1, 2), (1, 3)],
+                change: LinkChange::Add(Duration::from_millis(30))
+            }
+        );
+        assert_eq!(
+            s.events[1].actions[0],
+            Action::Link {
+                pairs: vec![(0, 2), (1, 2), (2, 3)],
+                change: LinkChange::Blackhole
+            }
+        );
+        assert!(matches!(
+            s.events[2].actions[0],
+            Action::Link {
+                change: LinkChange::Reset,
+                ..
+            }
+        ));
+        assert_eq!(
+            s.events[3].actions[0],
+            Action::NodeDown {
+                node: 3,
+                remove_after: Some(Duration::from_secs(1))
+            }
+        );
+        assert_eq!(s.events[3].actions[1], Action::ResetInstance("p1".into()));
+        assert_eq!(s.events[4].actions[0], Action::NodeUp(3));
+        assert_eq!(s.nodes[2].region.as_deref(), Some("us"));
+        assert_eq!(
+            s.objectives(&StrategySpec::parse("round-robin").unwrap()),
+            [(Duration::from_millis(50), 90.0)]
+        );
+        let stricter = StrategySpec::parse("round-robin:latency-slo=20ms").unwrap();
+        assert_eq!(s.objectives(&stricter)[0].0, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_bad_key_names_itself_its_line_and_what_is_accepted() {
+        let text = REGIONS.replace("{ fail: p2 }", "{ fail: { instnce: p2 } }");
+        let found = problems(&text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let p = &found[0];
+        assert!(
+            p.starts_with("line 21: events[4].do[1].fail.instnce: unknown key"),
+            "{p}"
+        );
+        assert!(p.contains("accepted here: instance, remove-after"), "{p}");
+        assert!(!p.contains("untagged"), "{p}");
+        // A value of the wrong form says which forms are accepted.
+        let text = REGIONS.replace("{ fail: p2 }", "{ fail: [p2] }");
+        let p = problems(&text).join("\n");
+        assert!(
+            p.contains("line 21: events[4].do[1].fail: expected a single value, or a mapping with instance, remove-after"),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_once_with_its_line() {
+        let text = REGIONS
+            .replace("{ name: p1, node: a1 }", "{ name: p1, node: nowhere }")
+            .replace("duration: 10s", "duration: 10s, colour: red")
+            .replace("slo-percentile: 90", "slo-percentile: 190");
+        let found = problems(&text);
+        // The unknown key stops the shape check, so the rest waits for the next round.
+        assert_eq!(found, ["line 15: clients[0].colour: unknown key; accepted here: name, node, latency, service, requests, duration, concurrency, rate, method, path, body, timeout"]);
+        let text = text.replace(", colour: red", "");
+        let found = problems(&text);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0]
+                .starts_with("line 10: services[0].settings.slo-percentile: \"190\" is not valid"),
+            "{found:?}"
+        );
+        assert!(!found[0].contains("default"), "{found:?}");
+        assert!(
+            found[1].starts_with("line 12: services[0].instances[0].node: no node \"nowhere\""),
+            "{found:?}"
+        );
+        // YAML that does not parse: one message, with its place.
+        let found = problems("name: x\nnodes: [a\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("line"), "{found:?}");
+        // A missing required key.
+        let found = problems("name: x\nnodes: [{ zone: a }]\nservices: []\nclients: []\n");
+        assert!(
+            found[0].contains("nodes[0]: `name` is required"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn events_are_checked_against_the_run_and_the_topology_at_that_time() {
+        for (from, to, expected) in [
+            (
+                "at: 5s, do: [{ node-up: c1 }",
+                "at: 12s, do: [{ node-up: c1 }",
+                "events[4].at: 12s is not before the clients stop",
+            ),
+            ("{ join: p2 }", "{ join: p1 }", "\"p1\" is already running"),
+            (
+                "{ fail: p2 }",
+                "{ fail: p1 }, { leave: p1 }",
+                "\"p1\" has left or failed",
+            ),
+            (
+                "{ node-up: c1 }",
+                "{ node-up: b1 }",
+                "node \"b1\" is not down",
+            ),
+            (
+                "{ node-down: { node: c1, remove-after: 1s } }",
+                "{ node-up: c1 }",
+                "node \"c1\" is not down",
+            ),
+            (
+                "{ reset: { instance: p1 } }",
+                "{ reset: { instance: p2, between: [a1, b1] } }",
+                "give either",
+            ),
+            (
+                "zone:zb, \"*\"] } }, { join",
+                "zone:zz, \"*\"] } }, { join",
+                "\"zone:zz\" selects no node",
+            ),
+            (
+                "[region:eu, region:us]",
+                "[a1, a1]",
+                "make no pair of different nodes",
+            ),
+            (
+                "[{ link: { between: [region:eu, region:us], add: 30ms } }]",
+                "[{ overload: { instance: p2, add: 5ms } }]",
+                "\"p2\" has not started yet",
+            ),
+        ] {
+            assert!(REGIONS.contains(from), "{from}");
+            let text = REGIONS.replace(from, to);
+            let found = problems(&text).join("\n");
+            assert!(found.contains(expected), "{from} -> {to}: {found}");
+            assert!(found.starts_with("line "), "{found}");
+        }
+        // With request counts: no event after the last request.
+        let counted = REGIONS
+            .replace("duration: 10s", "requests: 100")
+            .replace("at: 5s", "at: 100")
+            .replace("at: 4s", "at: 90")
+            .replace("at: 3s", "at: 80")
+            .replace("at: 2s", "at: 70")
+            .replace("at: 1s", "at: 60");
+        let found = problems(&counted).join("\n");
+        assert!(
+            found.contains("events[4].at: after 100 requests comes after the last one"),
+            "{found}"
+        );
+    }
+
+    #[test]
+    fn unknown_strategies_and_parameters_are_refused() {
+        let e = StrategySpec::parse("qos-pol").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown strategy \"qos-pol\"") && e.contains("qos-pool"),
+            "{e}"
+        );
+        let e = StrategySpec::parse("proximity:alphaa=0.8")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proximity has no parameter `alphaa`"), "{e}");
+        let e = StrategySpec::parse("proximity:alpha=7")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proximity-alpha"), "{e}");
+        assert!(StrategySpec::parse("proximity:alpha=0.5:decay=inverse").is_ok());
+        assert!(StrategySpec::parse("rap:cpu-threshold=0.8").is_ok());
+        let text = REGIONS.replace("events:", "strategies: [round-robin, qos-pol]\nevents:");
+        let found = problems(&text).join("\n");
+        assert!(
+            found.contains("strategies[1]: strategy \"qos-pol\": unknown strategy"),
+            "{found}"
+        );
     }
 }

@@ -98,6 +98,96 @@ impl Summary {
     }
 }
 
+/// The response time at percentile `p` when failed requests count as never answered:
+/// `None` when failures reach into that percentile.
+pub fn percentile_with_failures<'a>(
+    records: impl IntoIterator<Item = &'a RequestRecord>,
+    p: f64,
+) -> Option<Duration> {
+    let mut times: Vec<Option<Duration>> = records
+        .into_iter()
+        .map(|r| r.succeeded().then_some(r.latency))
+        .collect();
+    if times.is_empty() {
+        return Some(Duration::ZERO);
+    }
+    // `None` (failed) sorts first; move failures to the end.
+    times.sort_by_key(|t| t.map_or((1, Duration::ZERO), |d| (0, d)));
+    let rank = ((p / 100.0) * times.len() as f64).ceil() as usize;
+    times[rank.clamp(1, times.len()) - 1]
+}
+
+/// One service's numbers in one run (or one phase of it), against its own objective.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceSummary {
+    /// `name.namespace`.
+    pub service: String,
+    /// The service's `latency-slo` (ms) and `slo-percentile` (%), strategy
+    /// overrides included.
+    pub slo_ms: f64,
+    pub percentile: f64,
+    /// Response time at the service's own percentile (ms), failures counted as never
+    /// answered; `None` when failures reach into it.
+    pub at_percentile_ms: Option<f64>,
+    /// The service's own percentile met its own SLO (and it had requests).
+    pub met: bool,
+    pub summary: Summary,
+    /// Requests per instance of the service (`error` last, if any).
+    pub per_instance: Vec<(String, u64)>,
+    /// max / min requests over the service's instances that took at least 1% of its
+    /// requests (the members of its pool that were used).
+    pub spread: Option<f64>,
+}
+
+impl ServiceSummary {
+    /// `records` are the service's requests; `instances` its instances' indices
+    /// and names in the run's instance list.
+    pub fn of(
+        service: String,
+        slo: Duration,
+        percentile: f64,
+        records: &[&RequestRecord],
+        instances: &[(u16, String)],
+    ) -> Self {
+        let summary = Summary::of(records.iter().copied(), &|_| slo);
+        let at = percentile_with_failures(records.iter().copied(), percentile);
+        let mut counts: Vec<(String, u64)> =
+            instances.iter().map(|(_, n)| (n.clone(), 0)).collect();
+        let mut errors = 0;
+        for r in records {
+            match r
+                .instance
+                .and_then(|i| instances.iter().position(|(k, _)| *k == i))
+            {
+                Some(k) => counts[k].1 += 1,
+                None => errors += 1,
+            }
+        }
+        if errors > 0 {
+            counts.push((ERROR_BUCKET.to_string(), errors));
+        }
+        ServiceSummary {
+            service,
+            slo_ms: ms(slo),
+            percentile,
+            at_percentile_ms: at.map(ms),
+            met: summary.requests > 0 && at.is_some_and(|t| t <= slo),
+            spread: spread(&counts, summary.requests),
+            summary,
+            per_instance: counts,
+        }
+    }
+}
+
+/// One service in one run: the whole run, and each phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceReport {
+    #[serde(flatten)]
+    pub all: ServiceSummary,
+    /// Per phase, in phase order (named as in [`RunReport::phases`]).
+    pub phases: Vec<(String, ServiceSummary)>,
+}
+
 /// Requests of one phase (between two events).
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
@@ -129,12 +219,21 @@ pub struct RunReport {
     pub slo_ms: Option<f64>,
     /// Instances in scenario order with their request counts (`error` last, if any).
     pub per_instance: Vec<(String, u64)>,
-    /// max / min requests over the instances that took at least 1% of the requests.
-    pub spread: Option<f64>,
+    /// Each service against its own SLO and percentile, with its own spread.
+    pub services: Vec<ServiceReport>,
+    /// Services whose own percentile met their own SLO.
+    pub services_met: usize,
     pub phases: Vec<PhaseReport>,
     pub clients: Vec<ClientReport>,
     /// Whether every proxy knew every peer's latency (and usage) before traffic began.
     pub warmed_up: bool,
+    /// How busy the host was while the clients ran; `noisy` runs say as much about
+    /// the machine as about the strategy.
+    pub host: crate::host::HostReport,
+    /// Which of `--repeat N` runs this is (1-based), and the label of the series of
+    /// repeats it belongs to (its label without ` #k`).
+    pub repeat: u32,
+    pub series: String,
     /// Responses minus (requests per instance + errors): 0 when every request was
     /// counted exactly once.
     pub accounting_gap: i64,
@@ -144,6 +243,97 @@ pub struct RunReport {
     pub instance_names: Vec<String>,
     #[serde(skip)]
     pub phase_starts: Vec<(String, Duration)>,
+    /// Index into `services` of each client's service.
+    #[serde(skip)]
+    pub client_service: Vec<usize>,
+}
+
+/// The median and range of a value over repeated runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spread3 {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread3 {
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        let r = |x: f64| (x * 1e3).round() / 1e3;
+        Some(Spread3 {
+            median: r(median),
+            min: r(v[0]),
+            max: r(v[n - 1]),
+        })
+    }
+}
+
+/// One service of one series of repeated runs (`--repeat N`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RepeatSummary {
+    pub variant: String,
+    pub series: String,
+    pub service: String,
+    pub runs: usize,
+    /// Runs whose own percentile met the SLO, and runs marked noisy.
+    pub met: usize,
+    pub noisy: usize,
+    pub slo_share: Option<Spread3>,
+    /// Over the runs where failures did not reach into the percentile.
+    pub at_percentile_ms: Option<Spread3>,
+    pub p99_ms: Option<Spread3>,
+    pub spread: Option<Spread3>,
+}
+
+/// Median and range per series and service, over runs with the same `series`.
+pub fn repeat_summaries(runs: &[RunReport]) -> Vec<RepeatSummary> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in runs {
+        if !keys.contains(&(r.variant.as_str(), r.series.as_str())) {
+            keys.push((&r.variant, &r.series));
+        }
+    }
+    let mut out = Vec::new();
+    for (variant, series) in keys {
+        let group: Vec<&RunReport> = runs
+            .iter()
+            .filter(|r| r.variant == variant && r.series == series)
+            .collect();
+        let Some(first) = group.first() else { continue };
+        for (k, svc) in first.services.iter().enumerate() {
+            let each: Vec<&ServiceSummary> = group
+                .iter()
+                .filter_map(|r| r.services.get(k))
+                .map(|s| &s.all)
+                .collect();
+            let values = |f: &dyn Fn(&ServiceSummary) -> Option<f64>| -> Vec<f64> {
+                each.iter().filter_map(|s| f(s)).collect()
+            };
+            out.push(RepeatSummary {
+                variant: variant.to_string(),
+                series: series.to_string(),
+                service: svc.all.service.clone(),
+                runs: group.len(),
+                met: each.iter().filter(|s| s.met).count(),
+                noisy: group.iter().filter(|r| r.host.noisy).count(),
+                slo_share: Spread3::of(&values(&|s| Some(s.summary.slo_share))),
+                at_percentile_ms: Spread3::of(&values(&|s| s.at_percentile_ms)),
+                p99_ms: Spread3::of(&values(&|s| Some(s.summary.p99_ms))),
+                spread: Spread3::of(&values(&|s| s.spread)),
+            });
+        }
+    }
+    out
 }
 
 /// Name of the bucket for answers that came from no instance.
@@ -228,5 +418,71 @@ mod tests {
         );
         assert_eq!(spread(&counts, 100), Some(1.02));
         assert_eq!(Summary::of(&[], &|_| Duration::ZERO), Summary::default());
+    }
+
+    #[test]
+    fn each_service_is_judged_by_its_own_percentile_and_slo() {
+        // 100 requests: 1..=96 ms answered by instance 0 or 1, then 4 failures.
+        let records: Vec<RequestRecord> = (1..=100)
+            .map(|i| {
+                let mut r = record(i, i.min(96), 200, Some((i % 2) as u16));
+                if i > 96 {
+                    r.status = 0;
+                    r.timed_out = i > 98;
+                    r.instance = None;
+                }
+                r
+            })
+            .collect();
+        let refs: Vec<&RequestRecord> = records.iter().collect();
+        let members = [(0u16, "a".to_string()), (1u16, "b".to_string())];
+        let p95 = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_millis(95),
+            95.0,
+            &refs,
+            &members,
+        );
+        assert_eq!(p95.at_percentile_ms, Some(95.0));
+        assert!(p95.met);
+        assert_eq!(p95.summary.failed, 4);
+        assert_eq!(p95.summary.timeouts, 2);
+        assert_eq!(
+            p95.per_instance,
+            [("a".into(), 48), ("b".into(), 48), (ERROR_BUCKET.into(), 4)]
+        );
+        assert_eq!(p95.spread, Some(1.0));
+        // The same requests against p99: failures reach into it, so it is not met.
+        let p99 = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_secs(10),
+            99.0,
+            &refs,
+            &members,
+        );
+        assert_eq!(p99.at_percentile_ms, None);
+        assert!(!p99.met);
+        // A tighter SLO at the same percentile is missed.
+        let tight = ServiceSummary::of(
+            "api.default".into(),
+            Duration::from_millis(90),
+            95.0,
+            &refs,
+            &members,
+        );
+        assert!(!tight.met);
+        // No requests: nothing met, nothing spread.
+        let none = ServiceSummary::of("x".into(), Duration::from_millis(1), 95.0, &[], &members);
+        assert!(!none.met);
+        assert_eq!(none.spread, None);
+    }
+
+    #[test]
+    fn repeats_report_the_median_and_the_range() {
+        let s = Spread3::of(&[3.0, 1.0, 2.0, f64::INFINITY]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        let even = Spread3::of(&[4.0, 1.0, 2.0, 3.0]).unwrap();
+        assert_eq!(even.median, 2.5);
+        assert_eq!(Spread3::of(&[]), None);
     }
 }

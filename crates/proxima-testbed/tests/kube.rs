@@ -28,7 +28,7 @@ fn requests(path: &std::path::Path) -> Vec<Request> {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("variant,label,seq,client,phase,start_ms,latency_ms,status,instance")
+        Some("variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance")
     );
     lines
         .map(|l| {
@@ -38,7 +38,7 @@ fn requests(path: &std::path::Path) -> Vec<Request> {
                 phase: f[4].parse().unwrap(),
                 latency_ms: f[6].parse().unwrap(),
                 status: f[7].parse().unwrap(),
-                instance: f[8].to_string(),
+                instance: f[9].to_string(),
             }
         })
         .collect()

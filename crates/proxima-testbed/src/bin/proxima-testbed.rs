@@ -4,6 +4,7 @@
 //! proxima-testbed run examples/scenarios/qedgeproxy-static.yaml \
 //!     --strategies qos-pool,round-robin,proximity:alpha=0.8 --out docs/results/qedgeproxy-static
 //! proxima-testbed check examples/scenarios/rap-delay.yaml
+//! proxima-testbed generate --nodes 12 --regions 3 --services 3 --seed 7 --out gen.yaml
 //! ```
 
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
 use proxima_testbed::{
     k8s, plan, plot, run_jobs, DiscoveryMode, ProgressBoard, RunOptions, ScenarioFile, StrategySpec,
@@ -55,6 +57,10 @@ enum Command {
         /// Also write every request to requests.csv.
         #[arg(long)]
         raw: bool,
+        /// Run everything N times and report, per strategy and service, the median and
+        /// range over the N runs (plots show the first).
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
         /// Do not draw PNG plots.
         #[arg(long)]
         no_plots: bool,
@@ -70,6 +76,23 @@ enum Command {
     },
     /// Check a scenario file and show what it would run.
     Check { scenario: PathBuf },
+    /// Write a random but valid scenario (every event kind once) to stdout or --out.
+    Generate {
+        #[arg(long)]
+        nodes: usize,
+        #[arg(long, default_value_t = 1)]
+        regions: usize,
+        #[arg(long, default_value_t = 1)]
+        services: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How long the clients send (seconds).
+        #[arg(long, default_value_t = 20)]
+        duration: u64,
+        /// Write the scenario here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -98,6 +121,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// Read and check a scenario file; every problem on a line of its own, after the
+/// file's name.
+fn load(path: &std::path::Path) -> Result<ScenarioFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    ScenarioFile::parse(&text).map_err(|e| {
+        let lines: Vec<String> = e
+            .to_string()
+            .lines()
+            .map(|l| format!("{}: {l}", path.display()))
+            .collect();
+        anyhow::anyhow!(
+            "{} is not a valid scenario:\n{}",
+            path.display(),
+            lines.join("\n")
+        )
+    })
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = std::process::Command::new("git").args(args).output().ok()?;
     out.status
@@ -107,11 +149,34 @@ fn git(args: &[&str]) -> Option<String> {
 
 async fn run(command: Command) -> Result<()> {
     match command {
+        Command::Generate {
+            nodes,
+            regions,
+            services,
+            seed,
+            duration,
+            out,
+        } => {
+            let options = GenerateOptions {
+                nodes,
+                regions,
+                services,
+                seed,
+                duration_s: duration,
+            };
+            let text = generate(&options).map_err(|e| anyhow::anyhow!(e))?;
+            // Never write what check would refuse.
+            ScenarioFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("generated an invalid scenario (a bug):\n{e}"))?;
+            match out {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
         Command::Check { scenario } => {
-            let text = std::fs::read_to_string(&scenario)
-                .with_context(|| format!("cannot read {}", scenario.display()))?;
-            let file =
-                ScenarioFile::parse(&text).with_context(|| format!("{}", scenario.display()))?;
+            let file = load(&scenario)?;
             let jobs = plan(&file, &[], &[])?;
             println!("{}: {} run(s)", scenario.display(), jobs.len());
             for job in &jobs {
@@ -140,23 +205,35 @@ async fn run(command: Command) -> Result<()> {
             parallel,
             seed,
             raw,
+            repeat,
             no_plots,
             quiet,
             kube,
         } => {
-            let text = std::fs::read_to_string(&scenario)
-                .with_context(|| format!("cannot read {}", scenario.display()))?;
-            let file =
-                ScenarioFile::parse(&text).with_context(|| format!("{}", scenario.display()))?;
+            let file = load(&scenario)?;
             let strategies: Vec<StrategySpec> = strategies
                 .iter()
                 .filter(|s| !s.trim().is_empty())
-                .map(|s| StrategySpec::parse(s))
+                .map(|s| StrategySpec::parse(s).map_err(|e| anyhow::anyhow!("--strategies: {e}")))
                 .collect::<Result<_, _>>()?;
             let mut jobs = plan(&file, &strategies, &variants)?;
             if let Some(seed) = seed {
                 for job in &mut jobs {
                     job.scenario.seed = seed;
+                }
+            }
+            let repeat = repeat.max(1);
+            // (repeat number, series label) of every job, in job order.
+            let mut series: Vec<(u32, String)> = Vec::new();
+            if repeat > 1 {
+                let once = std::mem::take(&mut jobs);
+                for k in 1..=repeat {
+                    for job in &once {
+                        let mut job = job.clone();
+                        series.push((k, job.strategy.label.clone()));
+                        job.strategy.label = format!("{} #{k}", job.strategy.label);
+                        jobs.push(job);
+                    }
                 }
             }
             if kube && parallel > 1 {
@@ -215,7 +292,14 @@ async fn run(command: Command) -> Result<()> {
             let _ = std::fs::remove_dir_all(&options.work_dir);
             drop(options);
             drop(control_plane);
-            let runs = result?;
+            let mut runs = result?;
+            for (run, (k, label)) in runs.iter_mut().zip(&series) {
+                run.repeat = *k;
+                run.series = match run.variant.as_str() {
+                    "" => label.clone(),
+                    v => format!("{v} {label}"),
+                };
+            }
 
             println!("{}", report::table(&runs));
             let provenance = Provenance {
@@ -227,12 +311,13 @@ async fn run(command: Command) -> Result<()> {
             };
             report::write_files(&out, &provenance, &name, description.as_deref(), &runs, raw)?;
             if !no_plots {
-                for path in plot::draw_all(&out, &runs)? {
+                let first: Vec<_> = runs.iter().filter(|r| r.repeat <= 1).cloned().collect();
+                for path in plot::draw_all(&out, &first)? {
                     eprintln!("wrote {}", path.display());
                 }
             }
             eprintln!(
-                "wrote {}/results.json, summary.csv, instances.csv",
+                "wrote {}/results.json, summary.csv, services.csv, instances.csv",
                 out.display()
             );
             Ok(())
