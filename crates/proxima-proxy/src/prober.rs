@@ -197,7 +197,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
             let latency = start.elapsed();
             let status = response.status().as_u16();
             // Read the body so that the connection can be reused.
-            let mut body = response.into_body();
+            let mut body = response.into_body().rest;
             let drained = tokio::time::timeout_at(deadline.into(), async {
                 while let Some(frame) =
                     std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
