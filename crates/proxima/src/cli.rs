@@ -295,6 +295,9 @@ pub struct ProxyArgs {
     pub limits: LimitArgs,
 
     #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
     pub nodes: NodesArgs,
 }
 
@@ -380,6 +383,62 @@ pub struct LimitArgs {
         value_parser = parse_uri_bytes
     )]
     pub max_uri_bytes: usize,
+}
+
+/// Who may use the admin server's `/debug/*` and `/node/*` endpoints.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Admin access")]
+pub struct AdminArgs {
+    /// Shared token that opens /debug/* and /node/* on the admin port to clients off
+    /// loopback (`Authorization: Bearer TOKEN`); the peer prober sends it to other
+    /// nodes' proxies, so give every node the same one (e.g. from a Secret).
+    /// /metrics, /healthz and /readyz never need it.
+    #[arg(
+        long,
+        env = "PROXIMA_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// Networks (CIDR, comma-separated, e.g. 10.0.0.0/8) whose clients may use /debug/*
+    /// and /node/* without the token, besides loopback: on a cluster, the node network,
+    /// so that peers' /node/ping probes are answered.
+    #[arg(
+        long,
+        env = "PROXIMA_ADMIN_TRUSTED_NETWORKS",
+        value_name = "CIDR,..",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    pub admin_trusted_networks: Vec<(IpAddr, u8)>,
+}
+
+impl AdminArgs {
+    pub fn access(&self) -> proxima_admin::AdminAccess {
+        proxima_admin::AdminAccess {
+            token: self.admin_token.clone().filter(|t| !t.is_empty()),
+            trusted: self.admin_trusted_networks.clone(),
+            open: false,
+        }
+    }
+}
+
+fn parse_cidr(value: &str) -> Result<(IpAddr, u8), String> {
+    let (addr, bits) = value.trim().split_once('/').unwrap_or((value.trim(), ""));
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{value:?} is not a network: expected CIDR such as 10.0.0.0/8"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let bits = if bits.is_empty() {
+        max
+    } else {
+        bits.parse::<u8>()
+            .ok()
+            .filter(|b| *b <= max)
+            .ok_or_else(|| format!("{value:?}: the prefix length must be 0 to {max}"))?
+    };
+    Ok((addr, bits))
 }
 
 /// `--max-client-connections`: a number, or derived from the open-file limit.
@@ -849,6 +908,35 @@ mod tests {
         assert_eq!(config.max_response_headers, 500);
         assert!(config.max_client_connections >= 16);
         assert_eq!(args.listen, "0.0.0.0:8080".parse().unwrap());
+    }
+
+    #[test]
+    fn admin_access_flags() {
+        assert_eq!(
+            parse_cidr("10.0.0.0/8"),
+            Ok(("10.0.0.0".parse().unwrap(), 8))
+        );
+        assert_eq!(parse_cidr("fd00::1"), Ok(("fd00::1".parse().unwrap(), 128)));
+        assert!(parse_cidr("10.0.0.0/33").is_err());
+        assert!(parse_cidr("ten/8").is_err());
+        let cli = Cli::try_parse_from([
+            "proxima",
+            "run",
+            "--discovery",
+            "kube",
+            "--admin-token",
+            "t0k",
+            "--admin-trusted-networks",
+            "10.0.0.0/8,192.168.1.0/24",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        let access = args.proxy.admin.access();
+        assert_eq!(access.token.as_deref(), Some("t0k"));
+        assert_eq!(access.trusted.len(), 2);
+        assert!(!access.open);
     }
 
     #[test]
