@@ -212,13 +212,7 @@ pub async fn serve(
     }
 
     nodes
-        .spawn(
-            args,
-            source,
-            router.clone(),
-            &mut tasks,
-            shutdown,
-        )
+        .spawn(args, source, router.clone(), &mut tasks, shutdown)
         .await;
     let proxy = Proxy::new(router, metrics, args.config());
     tasks.spawn({
