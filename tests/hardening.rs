@@ -436,6 +436,10 @@ async fn header_count_and_uri_limits_answer_with_json() {
                 .collect();
             (ok("cookies", &cookies), false)
         }
+        "/pod-431" => (
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            false,
+        ),
         _ => (ok("fine", ""), false),
     })
     .await;
@@ -457,6 +461,24 @@ async fn header_count_and_uri_limits_answer_with_json() {
     let too_many = exchange(proxy, &request(250, "/")).await.expect("answer");
     assert_eq!(too_many.status, 431, "{too_many:?}");
     assert_eq!(too_many.json()["error"], "too many request headers");
+    // Past hyper's own header array (4 x the limit): still 431 with JSON.
+    let far_too_many = exchange(proxy, &request(1000, "/")).await.expect("answer");
+    assert_eq!(far_too_many.status, 431, "{far_too_many:?}");
+    assert_eq!(far_too_many.json()["error"], "request headers too large");
+    // A malformed head: 400 with JSON.
+    let malformed = exchange(proxy, b"GET / HTTP/1.1\r\nbad header line\r\n\r\n")
+        .await
+        .expect("answer");
+    assert_eq!(malformed.status, 400, "{malformed:?}");
+    assert_eq!(malformed.json()["error"], "malformed request");
+
+    // A pod's own 4xx answers pass through untouched, on a kept-alive connection too.
+    let http = client();
+    for _ in 0..3 {
+        let reply = get(&http, &format!("http://{proxy}/pod-431"), Some("api")).await;
+        assert_eq!(reply.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(reply.body, "", "a pod's answer was rewritten");
+    }
 
     // A response with 101 Set-Cookie lines passes whole.
     let cookies = exchange(proxy, &request(0, "/cookies"))
@@ -465,8 +487,9 @@ async fn header_count_and_uri_limits_answer_with_json() {
     assert_eq!(cookies.status, 200, "{cookies:?}");
     assert_eq!(cookies.head.matches("set-cookie:").count(), 101);
 
-    // Over --max-uri-bytes (8 KiB): 414 with a JSON body.
-    for length in [9_000, 40_000] {
+    // Over --max-uri-bytes (8 KiB): 414 with a JSON body, also past hyper's own limits
+    // (65534 bytes of target, then its read buffer).
+    for length in [9_000, 40_000, 100_000, 1 << 20] {
         let path = format!("/{}", "u".repeat(length));
         let long = exchange(proxy, &request(0, &path)).await.expect("answer");
         assert_eq!(long.status, 414, "{length}: {}", long.head);

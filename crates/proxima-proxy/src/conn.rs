@@ -20,10 +20,19 @@
 //! | nothing in flight after a request | `client_idle_timeout` from the last response | graceful close (HTTP/2 GOAWAY) |
 //! | a response body streaming | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
+//!
+//! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
+//! other errors. hyper answers a request head it cannot take (longer than its read
+//! buffer: `431`; a target over 65534 bytes: `414`; malformed: `400`) with a bare status
+//! line before the proxy sees the request. [`Watched`] counts the final response heads
+//! written: each request the proxy served gets one; a `4xx` head written when every
+//! served request has had its head, with nothing in flight, is hyper's, and is replaced
+//! by the proxy's own answer. A `431` whose request line alone was longer than the target limit becomes
+//! `414`, as a shorter over-long target would get from the proxy.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -53,6 +62,10 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct ConnActivity {
     born: Instant,
+    /// Requests in flight, readable without the lock (see [`Watched`]).
+    busy: AtomicUsize,
+    /// Requests begun so far, readable without the lock.
+    started: AtomicU64,
     /// Milliseconds after `born` of the last byte read or written.
     last_io_ms: AtomicU64,
     state: Mutex<State>,
@@ -73,6 +86,8 @@ impl ConnActivity {
     pub(crate) fn new(now: Instant) -> Arc<Self> {
         Arc::new(Self {
             born: now,
+            busy: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
             last_io_ms: AtomicU64::new(0),
             state: Mutex::new(State {
                 in_flight: 0,
@@ -103,6 +118,8 @@ impl ConnActivity {
             let mut state = self.state();
             state.in_flight += 1;
             state.requests += 1;
+            self.busy.store(state.in_flight, Ordering::Relaxed);
+            self.started.store(state.requests, Ordering::Relaxed);
         }
         self.changed.notify_one();
         InFlight {
@@ -184,21 +201,142 @@ impl Drop for InFlight {
             if state.in_flight == 0 {
                 state.idle_since = Instant::now();
             }
+            self.activity.busy.store(state.in_flight, Ordering::Relaxed);
         }
         self.activity.changed.notify_one();
     }
 }
 
-/// A client socket that notes when bytes move (see the module docs).
+/// A client socket that notes when bytes move and dresses hyper's own error answers
+/// (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Watched<S> {
     inner: S,
     activity: Arc<ConnActivity>,
+    /// Longest request target the proxy accepts (`max_uri_bytes`).
+    max_target: usize,
+    /// Bytes of the current request line read so far, between requests.
+    line: usize,
+    /// The current request line has ended.
+    line_done: bool,
+    /// Requests begun when the line count was last reset.
+    counted_from: u64,
+    /// Response heads of the proxy's own (non-informational) answers written so far.
+    heads: u64,
+    /// Swallowing hyper's error head until its blank line.
+    swallowing: bool,
+    /// The proxy's answer still to be written in place of hyper's.
+    pending: Vec<u8>,
 }
 
 impl<S> Watched<S> {
-    pub(crate) fn new(inner: S, activity: Arc<ConnActivity>) -> Self {
-        Self { inner, activity }
+    pub(crate) fn new(inner: S, activity: Arc<ConnActivity>, max_target: usize) -> Self {
+        Self {
+            inner,
+            activity,
+            max_target,
+            line: 0,
+            line_done: false,
+            counted_from: 0,
+            heads: 0,
+            swallowing: false,
+            pending: Vec::new(),
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.activity.busy.load(Ordering::Relaxed) == 0
+    }
+
+    /// The answer to give instead of hyper's bare `status`, if the proxy has one.
+    fn replacement(&self, status: &[u8]) -> Option<Vec<u8>> {
+        let target_too_long = (
+            414,
+            "URI Too Long",
+            "request target too long",
+            format!(
+                "the request target is longer than {} bytes",
+                self.max_target
+            ),
+        );
+        let (code, reason, error, detail) = match status {
+            b"414" => target_too_long,
+            b"431" if !self.line_done || self.line > self.max_target => target_too_long,
+            b"431" => (
+                431,
+                "Request Header Fields Too Large",
+                "request headers too large",
+                "the request head is too large or has too many header lines".to_string(),
+            ),
+            b"400" => (
+                400,
+                "Bad Request",
+                "malformed request",
+                "the request head is not valid HTTP/1.1".to_string(),
+            ),
+            _ => return None,
+        };
+        let body = serde_json::json!({"error": error, "service": "", "detail": detail}).to_string();
+        Some(
+            format!(
+                "HTTP/1.1 {code} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        )
+    }
+
+    /// Write what is pending of the proxy's own answer.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        while !self.pending.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.pending.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Take `buf` from hyper as written if it is (part of) hyper's own error head that
+    /// is being replaced; `Some(bytes taken)` then.
+    ///
+    /// Every request the proxy served gets one final response head, written by hyper
+    /// (often after the body has been handed over, so "nothing in flight" alone does not
+    /// tell). A final head written when every served request already has its head is
+    /// hyper's own error answer.
+    fn intercept(&mut self, buf: &[u8]) -> Option<usize> {
+        if !self.swallowing {
+            let head = buf.len() >= 12
+                && (buf.starts_with(b"HTTP/1.1 ") || buf.starts_with(b"HTTP/1.0 "))
+                && buf[9] != b'1';
+            if !head {
+                return None;
+            }
+            if self.heads < self.activity.started.load(Ordering::Relaxed) {
+                self.heads += 1;
+                return None;
+            }
+            if buf[9] != b'4' || !self.idle() {
+                return None;
+            }
+            self.pending = self.replacement(&buf[9..12])?;
+            self.swallowing = true;
+        }
+        // Up to and including the blank line ending hyper's head (its body is empty).
+        match buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            Some(end) => {
+                self.swallowing = false;
+                Some(end + 4)
+            }
+            None => Some(buf.len()),
+        }
     }
 }
 
@@ -213,6 +351,23 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.activity.touch();
+            let started = this.activity.started.load(Ordering::Relaxed);
+            if started != this.counted_from {
+                // A request began since: what is read between requests now is the next head.
+                this.counted_from = started;
+                this.line = 0;
+                this.line_done = false;
+            }
+            if this.idle() && !this.line_done {
+                let new = &buf.filled()[before..];
+                match new.iter().position(|b| *b == b'\n') {
+                    Some(at) => {
+                        this.line += at;
+                        this.line_done = true;
+                    }
+                    None => this.line += new.len(),
+                }
+            }
         }
         polled
     }
@@ -225,6 +380,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Some(taken) = this.intercept(buf) {
+            // Written now if the socket takes it, else on the flush that follows.
+            if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(taken));
+        }
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             this.activity.touch();
@@ -238,6 +403,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            if let Some(taken) = this.intercept(first) {
+                if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                return Poll::Ready(Ok(taken));
+            }
+        }
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
         let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             this.activity.touch();
@@ -250,11 +426,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 

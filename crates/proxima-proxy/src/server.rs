@@ -293,7 +293,11 @@ async fn drive(
     let _ = stream.set_nodelay(true);
     let activity = ConnActivity::new(Instant::now());
     let service = connection_service(proxy.clone(), peer, activity.clone());
-    let io = TokioIo::new(Watched::new(stream, activity.clone()));
+    let io = TokioIo::new(Watched::new(
+        stream,
+        activity.clone(),
+        proxy.config.max_uri_bytes,
+    ));
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut closing: Option<Instant> = None;
