@@ -643,6 +643,73 @@ async fn connections_over_the_budget_are_shed_and_the_admin_server_still_answers
     assert_eq!(reply.body, b"fine");
 }
 
+/// With few file descriptors (ulimit -n 160) and the `auto` budget, a flood of client
+/// connections is shed; the admin server and the topology reload keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_under_a_low_file_limit_leaves_discovery_and_admin_working() {
+    let dir = TempDir::new("flood");
+    let pod = raw_backend(None, |_, _| (ok("fine", ""), false)).await;
+    let other = raw_backend(None, |_, _| (ok("other", ""), false)).await;
+    let path = dir.0.join("topology.yaml");
+    std::fs::write(&path, topology(&[("api", pod)], "timeout: 10s")).unwrap();
+    let discovery = format!("file:{}", path.display());
+    let proxima = Proxima::start_under(
+        &["prlimit", "--nofile=160", "--"],
+        &["run", "--discovery", &discovery, "--node-name", "worker-1"],
+        &[],
+    )
+    .await;
+    let mut flood = Vec::new();
+    for _ in 0..400 {
+        if let Ok(stream) = TcpStream::connect(proxima.proxy).await {
+            flood.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let health = get(
+        &client(),
+        &format!("http://{}/healthz", proxima.admin),
+        None,
+    )
+    .await;
+    assert_eq!(health.status, StatusCode::OK);
+    // The topology file is still read: a new service appears.
+    std::fs::write(
+        &path,
+        topology(&[("api", pod), ("other", other)], "timeout: 10s"),
+    )
+    .unwrap();
+    eventually("the reloaded topology", || async {
+        let pools = admin_text(proxima.admin, "/debug/pools?service=other").await;
+        pools.contains("other-0").then_some(())
+    })
+    .await;
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"shed\"}"
+        ) >= 300.0,
+        "{metrics}"
+    );
+    assert!(
+        !proxima.logs().contains("Too many open files"),
+        "{}",
+        proxima.logs()
+    );
+    drop(flood);
+    let reply = eventually("a request once the flood is gone", || async {
+        exchange(
+            proxima.proxy,
+            b"GET / HTTP/1.1\r\nhost: other\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .filter(|r| r.status == 200)
+    })
+    .await;
+    assert_eq!(reply.body, b"other");
+}
+
 // ---- 8. how services are named ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
