@@ -198,6 +198,8 @@ async fn first_frame(
     deadline: Instant,
 ) -> Result<Response<UpstreamBody>, hyper::Error> {
     let (mut parts, mut rest) = response.into_parts();
+    // The measurement ends here, not after the wait below.
+    parts.extensions.insert(HeadersAt(Instant::now()));
     if parts.headers.contains_key(TRANSFER_ENCODING) {
         parts.headers.remove(CONTENT_LENGTH);
     }
@@ -211,6 +213,21 @@ async fn first_frame(
         }
     }
     Ok(Response::from_parts(parts, UpstreamBody { first, rest }))
+}
+
+/// When a response's headers arrived (in its extensions): the wait for the first body
+/// frame is not the pod's response time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadersAt(pub(crate) Instant);
+
+impl HeadersAt {
+    /// When `response`'s headers arrived, or now if that was not noted.
+    pub(crate) fn of<B>(response: &Response<B>) -> Instant {
+        response
+            .extensions()
+            .get::<HeadersAt>()
+            .map_or_else(Instant::now, |at| at.0)
+    }
 }
 
 /// Whether a pooled connection failed the way an idle close racing with reuse does:
@@ -615,7 +632,7 @@ impl Proxy {
                 .await
             {
                 Attempt::Response(response, sender) => {
-                    let now = Instant::now();
+                    let now = HeadersAt::of(&response);
                     let latency = now.saturating_duration_since(attempt_start);
                     let status = response.status().as_u16();
                     let failure = picked.route.settings().failure_status.contains(status);
