@@ -88,7 +88,21 @@ impl Proxima {
     }
 
     pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(binary())
+        Self::start_under(&[], args, env).await
+    }
+
+    /// [`start_with`](Self::start_with), run by `wrapper` (a command and its arguments
+    /// that end by running the binary, e.g. `prlimit --nofile=160 --`).
+    pub async fn start_under(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let mut child = command
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .envs(env.iter().copied())

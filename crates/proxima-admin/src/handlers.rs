@@ -24,6 +24,29 @@ const INDEX: &str = "proxima admin\n\
 
 /// Largest accepted `PUT /node/usage` body.
 const MAX_USAGE_BODY: usize = 4096;
+/// Time a client has to send the whole `PUT /node/usage` body.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `path` shows or changes what only operators and peers may see (see the crate
+/// docs).
+pub(crate) fn is_private(path: &str) -> bool {
+    path.starts_with("/debug/") || path.starts_with("/node/") || path == "/debug" || path == "/node"
+}
+
+/// The answer to a client not allowed on a private path.
+pub(crate) fn forbidden() -> Reply {
+    json_error(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        "/debug and /node answer only to loopback, the trusted networks \
+         (--admin-trusted-networks) or with the admin token (Authorization: Bearer)",
+    )
+}
+
+fn json_error(status: StatusCode, error: &str, detail: &str) -> Reply {
+    let body = serde_json::json!({ "error": error, "detail": detail });
+    reply(status, "application/json", format!("{body}\n"))
+}
 
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
     let mut response = Response::new(Full::new(body.into()));
@@ -46,17 +69,32 @@ pub(crate) async fn respond(
 ) -> Reply {
     match (node, req.method(), req.uri().path()) {
         (Some(node), &Method::PUT, "/node/usage") => {
-            match Limited::new(req.into_body(), MAX_USAGE_BODY)
-                .collect()
-                .await
-            {
-                Ok(body) => match node.put_usage(&body.to_bytes()) {
+            let declared = req
+                .headers()
+                .get(hyper::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > MAX_USAGE_BODY as u64) {
+                return json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body too large",
+                    &format!("the body may take at most {MAX_USAGE_BODY} bytes"),
+                );
+            }
+            let body = Limited::new(req.into_body(), MAX_USAGE_BODY).collect();
+            match tokio::time::timeout(BODY_TIMEOUT, body).await {
+                Ok(Ok(body)) => match node.put_usage(&body.to_bytes()) {
                     Ok(json) => reply(StatusCode::OK, "application/json", json),
                     Err((status, message)) => text(status, format!("{message}\n")),
                 },
-                Err(e) => text(
+                Ok(Err(e)) => text(
                     StatusCode::BAD_REQUEST,
                     format!("cannot read the body: {e}\n"),
+                ),
+                Err(_) => json_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body too slow",
+                    &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
                 ),
             }
         }

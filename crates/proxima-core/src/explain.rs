@@ -296,7 +296,16 @@ fn explain_route(
         failure_status: s.failure_status.as_str().to_string(),
         failure_ejected: route.failure_ejected(),
         failure_ejection_cap: route.ejection_cap(),
-        warnings: route.warnings.iter().map(ToString::to_string).collect(),
+        warnings: {
+            // Settings rejected when read, then what building the route found.
+            let mut warnings: Vec<String> = s.problems.iter().map(ToString::to_string).collect();
+            for w in route.warnings.iter().map(ToString::to_string) {
+                if !warnings.contains(&w) {
+                    warnings.push(w);
+                }
+            }
+            warnings
+        },
         endpoints,
     }
 }

@@ -153,15 +153,18 @@ impl Endpoint {
         self
     }
 
-    /// The port carrying `port_name`, or the only port when the endpoint has one.
+    /// The port carrying `port_name`. An endpoint whose only port is unnamed (a topology
+    /// file's `address: ip:port`) serves every port name; otherwise an endpoint without
+    /// the name is no candidate for it, as for kube-proxy, which builds its endpoints per
+    /// service port (a pod that does not declare a Service's named targetPort is listed
+    /// with its other ports only).
     pub fn port(&self, port_name: &str) -> Option<u16> {
         self.ports
             .iter()
             .find(|p| p.name == port_name)
-            .or(if self.ports.len() == 1 {
-                self.ports.first()
-            } else {
-                None
+            .or(match self.ports.as_slice() {
+                [only] if only.name.is_empty() => Some(only),
+                _ => None,
             })
             .map(|p| p.port)
     }

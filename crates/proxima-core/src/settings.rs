@@ -106,6 +106,10 @@ pub struct ServiceSettings {
     pub qos_pool: QosPoolParams,
     /// Every `<strategy>-<param>` key not known here, for strategy plugins.
     pub params: BTreeMap<String, String>,
+    /// The values that were rejected when these settings were read (each setting named
+    /// here is on its default), so that `/debug/pools` can show them with the service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<SettingError>,
 }
 
 impl Default for ServiceSettings {
@@ -121,6 +125,7 @@ impl Default for ServiceSettings {
             retry_budget: RetryBudgetParams::default(),
             qos_pool: QosPoolParams::default(),
             params: BTreeMap::new(),
+            problems: Vec::new(),
         }
     }
 }

@@ -127,6 +127,11 @@ pub(crate) fn service_info(
         errors.clear();
     }
     errors.extend(enabled_error);
+    // Kept with the settings too, so that `/debug/pools` shows every problem.
+    let settings = ServiceSettings {
+        problems: errors.clone(),
+        ..settings
+    };
     let mut spec = ServiceSpec::new(key.clone(), ports, settings);
     spec.traffic = traffic;
     let info = ServiceInfo {
@@ -225,6 +230,11 @@ fn endpoint(e: &discovery::Endpoint, ports: &[EndpointPort]) -> Option<Endpoint>
 /// Join a Service with the endpoints of its slices: one entry per endpoint id (a pod in
 /// two slices, e.g. dual-stack or while the controller moves it, counts once, preferring
 /// the ready and then the IPv4 entry), sorted by id, with named-targetPort aliases added.
+///
+/// The entries of one id keep the union of their slices' ports (the preferred entry's
+/// number wins for a name both have): EndpointSliceMirroring writes an Endpoints object
+/// whose subsets differ by port as one slice per port set, so the same address may carry
+/// `http` in one slice and `metrics` in another, and each name must lead to its own port.
 pub(crate) fn service_endpoints<'a>(
     service: &ServiceInfo,
     slices: impl IntoIterator<Item = &'a SliceInfo>,
@@ -232,9 +242,14 @@ pub(crate) fn service_endpoints<'a>(
     let mut by_id: BTreeMap<String, Endpoint> = BTreeMap::new();
     for endpoint in slices.into_iter().flat_map(|s| s.endpoints.iter()) {
         let rank = |e: &Endpoint| (e.conditions.ready, e.conditions.serving, e.ip.is_ipv4());
-        match by_id.get(&endpoint.id) {
-            Some(kept) if rank(kept) >= rank(endpoint) => {}
-            _ => {
+        match by_id.get_mut(&endpoint.id) {
+            Some(kept) if rank(kept) >= rank(endpoint) => add_missing_ports(kept, endpoint),
+            Some(kept) => {
+                let mut preferred = endpoint.clone();
+                add_missing_ports(&mut preferred, kept);
+                *kept = preferred;
+            }
+            None => {
                 by_id.insert(endpoint.id.clone(), endpoint.clone());
             }
         }
@@ -257,6 +272,15 @@ pub(crate) fn service_endpoints<'a>(
         }
     }
     endpoints
+}
+
+/// Give `kept` the ports of `other` whose names it lacks.
+fn add_missing_ports(kept: &mut Endpoint, other: &Endpoint) {
+    for port in &other.ports {
+        if !kept.ports.iter().any(|p| p.name == port.name) {
+            kept.ports.push(port.clone());
+        }
+    }
 }
 
 /// Convert a Node; `None` when it has no name.

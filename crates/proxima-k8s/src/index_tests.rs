@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use kube::runtime::watcher::Event;
-use proxima_core::{Router, ServiceKey, Update};
+use proxima_core::{PortRef, Router, ServiceKey, Update};
 use serde_json::{json, Value};
 
 use super::*;
@@ -484,6 +484,105 @@ fn multi_port_services_map_ports_by_name_and_named_target_ports() {
     );
     let p2 = &route.endpoints[1].endpoint;
     assert_eq!((p2.port("http"), p2.port("metrics")), (Some(8081), None));
+}
+
+#[test]
+fn an_endpoint_without_the_port_name_is_no_candidate_for_it() {
+    let mut h = Harness::synced();
+    h.apply(Watched::Service(Event::Apply(service(
+        "default",
+        "api",
+        &[ENABLED],
+        json!([{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}]),
+    ))));
+    // What the EndpointSlice controller writes for a pod that does not declare the
+    // Service's named targetPort `http`: only its metrics port.
+    h.apply(Watched::EndpointSlice(Event::Apply(slice(
+        "default",
+        "s1",
+        "api",
+        json!([{"name": "metrics", "port": 9100}]),
+        json!([pod("p1", "10.0.0.1", "n1")]),
+    ))));
+    h.apply(Watched::EndpointSlice(Event::Apply(slice(
+        "default",
+        "s2",
+        "api",
+        json!([{"name": "http", "port": 8080}, {"name": "metrics", "port": 9100}]),
+        json!([pod("p2", "10.0.0.2", "n1")]),
+    ))));
+    let table = h.router.table();
+    let p1 = &table.services[&key("api")].endpoints[0].endpoint;
+    assert_eq!((p1.port("http"), p1.port("metrics")), (None, Some(9100)));
+    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(7);
+    for _ in 0..20 {
+        let picked = h
+            .router
+            .pick(
+                &key("api"),
+                Some(PortRef::Name("http")),
+                Instant::now(),
+                &mut rng,
+                &[],
+            )
+            .expect("p2 serves http");
+        assert_eq!(picked.addr, "10.0.0.2:8080".parse().unwrap());
+    }
+}
+
+#[test]
+fn one_address_in_two_slices_keeps_the_ports_of_both() {
+    let mut h = Harness::synced();
+    h.apply(Watched::Service(Event::Apply(service(
+        "default",
+        "api",
+        &[ENABLED],
+        json!([{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}]),
+    ))));
+    // As EndpointSliceMirroring writes an Endpoints object whose subsets differ by port.
+    for (name, ports) in [
+        ("m-http", json!([{"name": "http", "port": 8080}])),
+        ("m-metrics", json!([{"name": "metrics", "port": 9100}])),
+    ] {
+        h.apply(Watched::EndpointSlice(Event::Apply(slice(
+            "default",
+            name,
+            "api",
+            ports,
+            json!([{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}]),
+        ))));
+    }
+    let table = h.router.table();
+    let route = &table.services[&key("api")];
+    assert_eq!(route.endpoints.len(), 1);
+    let e = &route.endpoints[0].endpoint;
+    assert_eq!(
+        (e.port("http"), e.port("metrics")),
+        (Some(8080), Some(9100))
+    );
+}
+
+#[test]
+fn rejected_settings_stay_with_the_service_for_debug_pools() {
+    let mut h = Harness::synced();
+    h.apply(Watched::Service(Event::Apply(web(
+        "default",
+        "api",
+        &[
+            ENABLED,
+            ("proxima.io/latency-slo", "fast"),
+            ("proxima.io/retries", "many"),
+            ("proxima.io/strategy", "nope"),
+        ],
+    ))));
+    let explain = h.router.explain(Instant::now());
+    let warnings = &explain.services[0].warnings;
+    for key in ["latency-slo", "retries", "strategy"] {
+        assert!(
+            warnings.iter().any(|w| w.contains(&format!("`{key}`"))),
+            "{key} missing from {warnings:?}"
+        );
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
-use proxima_core::{Router, ServiceKey};
+use proxima_core::{PortRef, Router, ServiceKey};
 use proxima_k8s::{ApiStatus, Discovery, K8sConfig, EVENT_REASON};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -422,6 +422,136 @@ async fn discovery_follows_the_api_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_are_mapped_per_slice_and_every_settings_problem_is_shown() {
+    init_logs();
+    let cluster = Cluster::start().await;
+    let client = cluster.client().await;
+    let apis = Apis::new(&client);
+    apis.populate().await;
+    apply(
+        &apis.services,
+        "multi",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "multi", "namespace": "default", "annotations": {
+                "proxima.io/enabled": "true",
+                "proxima.io/latency-slo": "soon",
+                "proxima.io/retries": "99",
+            }},
+            "spec": {"ports": [
+                {"name": "http", "port": 80, "targetPort": "web"},
+                {"name": "metrics", "port": 9090, "targetPort": 9100},
+            ]},
+        }),
+    )
+    .await;
+    let with_ports = |name: &str, ports: Value, endpoints: Value| {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "multi"}},
+            "addressType": "IPv4",
+            "ports": ports,
+            "endpoints": endpoints,
+        })
+    };
+    // m1 does not declare the `web` targetPort: its slice lists only metrics.
+    apply(
+        &apis.slices,
+        "multi-a",
+        with_ports(
+            "multi-a",
+            json!([{"name": "metrics", "port": 9100, "protocol": "TCP"}]),
+            json!([endpoint("m1", "198.51.100.11", true, true, false)]),
+        ),
+    )
+    .await;
+    apply(
+        &apis.slices,
+        "multi-b",
+        with_ports(
+            "multi-b",
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                   {"name": "metrics", "port": 9100, "protocol": "TCP"}]),
+            json!([endpoint("m2", "198.51.100.12", true, true, false)]),
+        ),
+    )
+    .await;
+    // One address (no pod reference) in two mirrored slices, one port set each.
+    for (name, port) in [
+        ("multi-m-http", ("http", 8081)),
+        ("multi-m-metrics", ("metrics", 9101)),
+    ] {
+        apply(
+            &apis.slices,
+            name,
+            with_ports(
+                name,
+                json!([{"name": port.0, "port": port.1, "protocol": "TCP"}]),
+                json!([{"addresses": ["198.51.100.13"], "conditions": {"ready": true}}]),
+            ),
+        )
+        .await;
+    }
+
+    let running = Running::start(client.clone(), K8sConfig::default());
+    eventually("multi with its three endpoints", SYNC, || {
+        running.endpoints("multi").is_some_and(|e| e.len() == 3)
+    })
+    .await;
+    let key = ServiceKey::new("default", "multi");
+    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(3);
+    let mut http = std::collections::BTreeSet::new();
+    let mut metrics = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        for (port, seen) in [("http", &mut http), ("metrics", &mut metrics)] {
+            let picked = running
+                .router
+                .pick(
+                    &key,
+                    Some(PortRef::Name(port)),
+                    Instant::now(),
+                    &mut rng,
+                    &[],
+                )
+                .expect("a candidate");
+            seen.insert(picked.addr.to_string());
+        }
+    }
+    assert_eq!(
+        http.into_iter().collect::<Vec<_>>(),
+        ["198.51.100.12:8080", "198.51.100.13:8081"],
+        "svc:http never goes to a metrics port"
+    );
+    assert_eq!(
+        metrics.into_iter().collect::<Vec<_>>(),
+        [
+            "198.51.100.11:9100",
+            "198.51.100.12:9100",
+            "198.51.100.13:9101"
+        ],
+    );
+
+    let explain = running.router.explain(Instant::now());
+    let multi = explain
+        .services
+        .iter()
+        .find(|s| s.service == "multi.default")
+        .expect("multi explained");
+    for key in ["latency-slo", "retries"] {
+        assert!(
+            multi
+                .warnings
+                .iter()
+                .any(|w| w.contains(&format!("`{key}`"))),
+            "{key} missing from {:?}",
+            multi.warnings
+        );
+    }
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_survives_an_api_server_restart() {
     init_logs();
     let mut cluster = Cluster::start().await;
@@ -442,10 +572,9 @@ async fn discovery_survives_an_api_server_restart() {
     assert_eq!(ids(&running.endpoints("api")), ["p1", "p2"]);
 
     cluster.start_apiserver().await;
-    eventually("connectivity back", SYNC, || running.status.connected()).await;
-    assert!(running.status.watch_errors() > 0);
-
-    // Changes after the restart arrive: the watches resumed (or re-listed).
+    // From here: the API server answers again. A change written now is routed once the
+    // watches have retried (backoff capped at 1 s ±50%) and resumed or re-listed.
+    let back = Instant::now();
     let client = cluster.client().await;
     let apis = Apis::new(&client);
     apply(
@@ -462,6 +591,13 @@ async fn discovery_survives_an_api_server_restart() {
         ids(&running.endpoints("api")) == ["p9"]
     })
     .await;
+    let routed_after = back.elapsed();
+    eprintln!("a change written as the API server came back was routed after {routed_after:?}");
+    // Generous for a loaded machine; the 30 s cap of kube-runtime's default backoff (or
+    // the 4 s one before) would show here.
+    assert!(routed_after < Duration::from_secs(10), "{routed_after:?}");
+    eventually("connectivity back", SYNC, || running.status.connected()).await;
+    assert!(running.status.watch_errors() > 0);
     apis.services
         .delete("api", &DeleteParams::default())
         .await

@@ -115,9 +115,9 @@ impl LocalNode {
             .usage_override
             .as_ref()
             .ok_or(OverrideError::NotAllowed)?;
-        if let Some(u) = usage.filter(|u| !is_plausible(*u)) {
+        if let Some(u) = usage.filter(|u| !is_plausible(*u) || u.cpu > 1.0 || u.ram > 1.0) {
             return Err(OverrideError::Invalid(format!(
-                "cpu {} and ram {} must be finite and not negative",
+                "cpu {} and ram {} must be fractions from 0 to 1",
                 u.cpu, u.ram
             )));
         }

@@ -69,6 +69,9 @@ pub struct ProberConfig {
     /// Local address probes leave from (as the proxy's `upstream_bind`); `None`: the
     /// kernel chooses. The testbed binds each emulated node's probes to its address.
     pub bind: Option<IpAddr>,
+    /// The admin token peers expect (`Authorization: Bearer`), when their `/node/*`
+    /// endpoints are closed to the node network (see `proxima_admin::AdminAccess`).
+    pub token: Option<String>,
 }
 
 impl Default for ProberConfig {
@@ -80,6 +83,7 @@ impl Default for ProberConfig {
             peer_port: 9901,
             smoothing: 0.3,
             bind: None,
+            token: None,
         }
     }
 }
@@ -142,7 +146,17 @@ pub async fn ping_from(
     bind: Option<IpAddr>,
     timeout: Duration,
 ) -> Result<Answer, ProbeError> {
-    tokio::time::timeout(timeout, exchange(addr, bind))
+    ping_with(addr, bind, None, timeout).await
+}
+
+/// [`ping_from`], sending `token` as `Authorization: Bearer <token>` when given.
+pub async fn ping_with(
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<Answer, ProbeError> {
+    tokio::time::timeout(timeout, exchange(addr, bind, token))
         .await
         .map_err(|_| ProbeError::Timeout(timeout))?
 }
@@ -160,7 +174,11 @@ async fn connect(addr: SocketAddr, bind: Option<IpAddr>) -> io::Result<TcpStream
     socket.connect(addr).await
 }
 
-async fn exchange(addr: SocketAddr, bind: Option<IpAddr>) -> Result<Answer, ProbeError> {
+async fn exchange(
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+    token: Option<&str>,
+) -> Result<Answer, ProbeError> {
     let stream = connect(addr, bind).await.map_err(ProbeError::Connect)?;
     // Small request and reply: do not let Nagle hold them back.
     let _ = stream.set_nodelay(true);
@@ -173,6 +191,9 @@ async fn exchange(addr: SocketAddr, bind: Option<IpAddr>) -> Result<Answer, Prob
         headers.insert(HOST, host);
     }
     headers.insert(USER_AGENT, HeaderValue::from_static("proxima-peer-prober"));
+    if let Some(Ok(value)) = token.map(|t| HeaderValue::from_str(&format!("Bearer {t}"))) {
+        headers.insert(hyper::header::AUTHORIZATION, value);
+    }
     let answer = async {
         let sent = Instant::now();
         let response = sender.send_request(request).await?;
@@ -308,9 +329,13 @@ impl PeerProber {
             &mut *self.rng,
         );
         let (timeout, bind) = (self.config.timeout, self.config.bind);
-        let results =
-            futures_util::future::join_all(chosen.iter().map(|p| ping_from(p.addr, bind, timeout)))
-                .await;
+        let token = self.config.token.as_deref();
+        let results = futures_util::future::join_all(
+            chosen
+                .iter()
+                .map(|p| ping_with(p.addr, bind, token, timeout)),
+        )
+        .await;
 
         let publish_usage = self.peer_usage.enabled();
         let mut report = RoundReport::default();

@@ -6,6 +6,13 @@
 //! transfer and not only the wait for headers. When the body completes, the upstream
 //! connection goes back to the keep-alive pool; when it breaks off (client gone, pod
 //! reset) the connection is dropped, which closes it.
+//!
+//! A pod's body may begin with a frame the proxy already read ([`UpstreamBody`]): before
+//! answering, `forward::attempt` waits a moment for the first frame so that a body that
+//! is broken from its first byte becomes a `502` rather than a cut-off answer.
+//!
+//! Every response also holds the client connection's [`InFlight`] mark until it has been
+//! sent or dropped (see `conn.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,6 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use proxima_core::Picked;
 
+use crate::conn::InFlight;
 use crate::metrics::{EndpointMetrics, ErrorKind};
 use crate::pool::{ConnPool, Sender};
 
@@ -76,17 +84,35 @@ impl Finish {
     }
 }
 
+/// A pod's response body, possibly with its first frame already read.
+#[derive(Debug)]
+pub(crate) struct UpstreamBody {
+    pub(crate) first: Option<Frame<Bytes>>,
+    pub(crate) rest: Incoming,
+}
+
+impl UpstreamBody {
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+}
+
 /// Body of a response to a client: a pod's body streamed through, or a small body
 /// the proxy wrote itself (errors).
 #[derive(Debug)]
 pub struct ResponseBody {
     kind: Kind,
+    /// The request's mark on its client connection, released with the body.
+    in_flight: Option<InFlight>,
 }
 
+// A response body is built once and stays put while it streams; boxing the larger
+// variant would cost an allocation per response to save a few bytes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Kind {
     Upstream {
-        body: Incoming,
+        body: UpstreamBody,
         finish: Option<Finish>,
     },
     Full(Option<Bytes>),
@@ -96,16 +122,29 @@ impl ResponseBody {
     pub(crate) fn full(data: Bytes) -> Self {
         Self {
             kind: Kind::Full((!data.is_empty()).then_some(data)),
+            in_flight: None,
         }
     }
 
-    pub(crate) fn upstream(body: Incoming, finish: Finish) -> Self {
+    pub(crate) fn upstream(body: UpstreamBody, finish: Finish) -> Self {
         Self {
             kind: Kind::Upstream {
                 body,
                 finish: Some(finish),
             },
+            in_flight: None,
         }
+    }
+
+    /// Hold the request's mark on its client connection until the body is done; a pod's
+    /// body counts as streaming (watched for stalls) from now on.
+    pub(crate) fn holding(mut self, in_flight: InFlight) -> Self {
+        let in_flight = match &self.kind {
+            Kind::Upstream { body, .. } if !body.is_end_stream() => in_flight.streaming(),
+            _ => in_flight,
+        };
+        self.in_flight = Some(in_flight);
+        self
     }
 }
 
@@ -120,6 +159,15 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Upstream { body, finish } => {
+                if let Some(first) = body.first.take() {
+                    if body.rest.is_end_stream() {
+                        if let Some(f) = finish.take() {
+                            f.complete(true);
+                        }
+                    }
+                    return Poll::Ready(Some(Ok(first)));
+                }
+                let body = &mut body.rest;
                 let polled = Pin::new(&mut *body).poll_frame(cx);
                 match &polled {
                     Poll::Ready(None) => {
@@ -161,7 +209,20 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
-            Kind::Upstream { body, .. } => body.size_hint(),
+            Kind::Upstream { body, .. } => {
+                let rest = body.rest.size_hint();
+                let first = body
+                    .first
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |d| d.len() as u64);
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(first));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(first));
+                }
+                hint
+            }
         }
     }
 }

@@ -29,6 +29,31 @@ pub struct ProxyConfig {
     /// other address family cannot be reached from it (the connect fails). Default `None`:
     /// the kernel picks the source address.
     pub upstream_bind: Option<IpAddr>,
+    /// Time a new client connection has to deliver its first request's headers (this
+    /// covers the HTTP/1-or-2 detection, so a silent socket or a partial HTTP/2 preface
+    /// is closed), and an HTTP/1.1 client each next request's headers once it has begun.
+    /// Default 30 s.
+    pub client_header_timeout: Duration,
+    /// A client connection with no request in flight for this long is closed (HTTP/1.1
+    /// keep-alive, HTTP/2 after its last stream, with GOAWAY). Default 60 s.
+    pub client_idle_timeout: Duration,
+    /// While a response body is being streamed, a client connection on which no byte
+    /// moves for this long (a client that stopped reading, a pod that stopped sending,
+    /// a client that stopped sending its request body) is closed, and with it the
+    /// connection to the pod. Default 60 s.
+    pub body_idle_timeout: Duration,
+    /// Most client connections open at once; beyond it new connections are accepted and
+    /// closed at once (shed), so that file descriptors stay for pods, discovery and the
+    /// admin server. Default 4096.
+    pub max_client_connections: usize,
+    /// Most header lines in a client request; more get `431` with a JSON body. Default 200.
+    pub max_request_headers: usize,
+    /// Most header lines in a pod's response; more are an upstream protocol error
+    /// (`502`). Default 500 (a response with a hundred `Set-Cookie` lines passes).
+    pub max_response_headers: usize,
+    /// Longest request target (path and query, or absolute URI) in bytes; longer ones get
+    /// `414` with a JSON body. Default 8 KiB.
+    pub max_uri_bytes: usize,
 }
 
 impl Default for ProxyConfig {
@@ -41,6 +66,13 @@ impl Default for ProxyConfig {
             shutdown_grace: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
             upstream_bind: None,
+            client_header_timeout: Duration::from_secs(30),
+            client_idle_timeout: Duration::from_secs(60),
+            body_idle_timeout: Duration::from_secs(60),
+            max_client_connections: 4096,
+            max_request_headers: 200,
+            max_response_headers: 500,
+            max_uri_bytes: 8 * 1024,
         }
     }
 }

@@ -42,19 +42,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::HOST;
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use proxima_core::{EndpointId, Outcome, PickError, Picked, PoolChange, PortRef, ServiceKey};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
-use crate::body::{Finish, RequestBody, ResponseBody};
+use crate::body::{Finish, RequestBody, ResponseBody, UpstreamBody};
 use crate::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
-use crate::pool::{connect, ConnPool, ConnectError, Sender};
+use crate::pool::{ConnPool, ConnectError, Sender};
 use crate::reply;
 use crate::target::{split_port, TargetError, TargetSource};
 use crate::Proxy;
@@ -87,7 +88,7 @@ pub(crate) struct BadTarget {
 /// How one attempt on one endpoint ended.
 pub(crate) enum Attempt {
     /// Response headers arrived; the sender goes back to the pool after the body.
-    Response(Response<Incoming>, Sender),
+    Response(Response<UpstreamBody>, Sender),
     /// Nothing reached the pod; the request comes back untouched.
     NotSent(Request<RequestBody>, ConnectError),
     /// The request was (at least in part) sent, and no response came.
@@ -98,8 +99,24 @@ pub(crate) enum Attempt {
     TimedOut { sent: bool },
 }
 
+/// How long to wait, once a pod's response headers are in, for the first frame of its
+/// body. A body that is broken from its first byte (say, invalid chunked framing right
+/// after the headers) then fails the attempt, and the client gets `502` instead of a
+/// connection cut after the headers. A frame that takes longer is not waited for: the
+/// headers go out, and a body that breaks later is cut off (HTTP/1.1 closes the
+/// connection before the terminating chunk or the declared length, HTTP/2 resets the
+/// stream), which is the only honest way left to tell the client.
+const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
+
 /// Send `req` to the pod at `addr`: on a pooled connection if one is ready, else on a
 /// fresh one (see the module docs).
+///
+/// A pooled connection can turn out dead under the request: the pod closed it while idle
+/// (many servers do, without `Connection: close`), racing with the reuse. If hyper hands
+/// the request back (nothing was written), or the connection closed or was reset before
+/// any byte of a response and the request is body-less and idempotent, the request goes
+/// again to the same pod on a fresh connection. Neither counts against the pod: only the
+/// final result of the attempt is reported.
 pub(crate) async fn attempt(
     pool: &ConnPool,
     addr: SocketAddr,
@@ -107,6 +124,7 @@ pub(crate) async fn attempt(
     deadline: Instant,
     connect_timeout: Duration,
 ) -> Attempt {
+    let resendable = req.body().is_end_stream() && is_idempotent(req.method());
     let mut stale = 0;
     loop {
         let pooled = if stale < MAX_STALE {
@@ -122,7 +140,7 @@ pub(crate) async fn attempt(
                 if left.is_zero() {
                     return Attempt::TimedOut { sent: false };
                 }
-                match connect(addr, connect_timeout.min(left), pool.bind()).await {
+                match pool.connect(addr, connect_timeout.min(left)).await {
                     Ok(sender) => sender,
                     Err(ConnectError::Timeout(_)) if left < connect_timeout => {
                         return Attempt::TimedOut { sent: false }
@@ -131,10 +149,16 @@ pub(crate) async fn attempt(
                 }
             }
         };
+        let again = (!fresh && resendable).then(|| Replay::of(&req));
         let sent = sender.try_send_request(req);
         match tokio::time::timeout_at(deadline.into(), sent).await {
             Err(_) => return Attempt::TimedOut { sent: true },
-            Ok(Ok(response)) => return Attempt::Response(response, sender),
+            Ok(Ok(response)) => {
+                return match first_frame(response, deadline).await {
+                    Ok(response) => Attempt::Response(response, sender),
+                    Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+                }
+            }
             Ok(Err(mut error)) => match error.take_message() {
                 Some(back) if fresh => {
                     return Attempt::NotSent(back, ConnectError::Closed(error.into_error()))
@@ -146,15 +170,86 @@ pub(crate) async fn attempt(
                 }
                 None => {
                     let error = error.into_error();
-                    return if client_body_failed(&error) {
-                        Attempt::ClientBodyFailed(error)
-                    } else {
-                        Attempt::Failed(error_kind(&error), error)
-                    };
+                    if client_body_failed(&error) {
+                        return Attempt::ClientBodyFailed(error);
+                    }
+                    match again {
+                        Some(replay) if died_before_response(&error) => {
+                            debug!(%addr, error = describe(&error), "pooled connection died before a response; sending again on a fresh one");
+                            req = replay.request();
+                            stale = MAX_STALE;
+                        }
+                        _ => return Attempt::Failed(error_kind(&error), error),
+                    }
                 }
             },
         }
     }
+}
+
+/// Split off the response's framing problems and wait briefly for its first body frame
+/// (see [`FIRST_FRAME_WAIT`]).
+///
+/// A response with both `Transfer-Encoding` and `Content-Length` is framed by the
+/// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
+/// a length the body does not have.
+async fn first_frame(
+    response: Response<Incoming>,
+    deadline: Instant,
+) -> Result<Response<UpstreamBody>, hyper::Error> {
+    let (mut parts, mut rest) = response.into_parts();
+    // The measurement ends here, not after the wait below.
+    parts.extensions.insert(HeadersAt(Instant::now()));
+    if parts.headers.contains_key(TRANSFER_ENCODING) {
+        parts.headers.remove(CONTENT_LENGTH);
+    }
+    let mut first = None;
+    if !rest.is_end_stream() {
+        let wait = FIRST_FRAME_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+        match tokio::time::timeout(wait, rest.frame()).await {
+            Ok(Some(Ok(frame))) => first = Some(frame),
+            Ok(Some(Err(error))) => return Err(error),
+            Ok(None) | Err(_) => {}
+        }
+    }
+    Ok(Response::from_parts(parts, UpstreamBody { first, rest }))
+}
+
+/// When a response's headers arrived (in its extensions): the wait for the first body
+/// frame is not the pod's response time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadersAt(pub(crate) Instant);
+
+impl HeadersAt {
+    /// When `response`'s headers arrived, or now if that was not noted.
+    pub(crate) fn of<B>(response: &Response<B>) -> Instant {
+        response
+            .extensions()
+            .get::<HeadersAt>()
+            .map_or_else(Instant::now, |at| at.0)
+    }
+}
+
+/// Whether a pooled connection failed the way an idle close racing with reuse does:
+/// closed or reset before a complete response head.
+fn died_before_response(error: &hyper::Error) -> bool {
+    if error.is_incomplete_message() || error.is_canceled() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Whether the error came from the client's request body rather than the pod.
@@ -249,6 +344,13 @@ fn prepare(req: Request<Incoming>, client_ip: &HeaderValue) -> Request<RequestBo
     let body = if body.is_end_stream() {
         RequestBody::Empty
     } else {
+        // A body of unknown length goes chunked. Say so explicitly: hyper's client would
+        // otherwise send a GET or HEAD body as no body at all.
+        if body.size_hint().exact().is_none() && !parts.headers.contains_key(CONTENT_LENGTH) {
+            parts
+                .headers
+                .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        }
         RequestBody::Client(body)
     };
     Request::from_parts(parts, body)
@@ -530,7 +632,7 @@ impl Proxy {
                 .await
             {
                 Attempt::Response(response, sender) => {
-                    let now = Instant::now();
+                    let now = HeadersAt::of(&response);
                     let latency = now.saturating_duration_since(attempt_start);
                     let status = response.status().as_u16();
                     let failure = picked.route.settings().failure_status.contains(status);

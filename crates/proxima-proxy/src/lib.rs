@@ -12,6 +12,7 @@
 //! * [`target`]: which service a request names.
 //! * `forward`: the request path: pick, connect, send, retry, measure.
 //! * `pool`: upstream connections and their keep-alive pool.
+//! * `conn`: client connection timeouts (silent, idle and stalled connections).
 //! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
 //! * [`Metrics`]: Prometheus metrics.
 //! * `prober`: background probes ([`run_prober`]).
@@ -20,6 +21,7 @@
 
 mod body;
 mod config;
+mod conn;
 mod forward;
 mod headers;
 mod metrics;
@@ -66,6 +68,7 @@ impl Proxy {
         let pool = Arc::new(ConnPool::new(
             config.pool_idle_timeout,
             config.upstream_bind,
+            config.max_response_headers,
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);

@@ -13,6 +13,8 @@
 //! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
+//! | `proxima_client_connections` | | client connections open now |
+//! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
 //! The hot path does not hash label values: label handles are cached per service and
 //! per endpoint in copy-on-write maps that are read without locks and extended (under a
@@ -25,7 +27,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 use proxima_core::{EndpointId, PoolChange, Reason, ServiceKey, Table};
 
@@ -81,6 +83,32 @@ pub struct Metrics {
     services: ArcSwap<HashMap<ServiceKey, Arc<ServiceMetrics>>>,
     /// Serialises cache extensions and pruning.
     writer: Mutex<()>,
+    client_connections: IntGauge,
+    connections_closed: IntCounterVec,
+}
+
+/// Why the proxy closed a client connection (`proxima_client_connections_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CloseReason {
+    /// Over the connection budget.
+    Shed,
+    /// No request headers within `client_header_timeout`.
+    HeaderTimeout,
+    /// No request in flight for `client_idle_timeout`.
+    Idle,
+    /// No byte moved for `body_idle_timeout` while a body was streaming.
+    Stalled,
+}
+
+impl CloseReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Shed => "shed",
+            CloseReason::HeaderTimeout => "header_timeout",
+            CloseReason::Idle => "idle",
+            CloseReason::Stalled => "stalled",
+        }
+    }
 }
 
 /// The registered metric families.
@@ -245,11 +273,34 @@ impl Metrics {
                 &["service", "why"],
             )?,
         };
+        let client_connections =
+            IntGauge::new("proxima_client_connections", "Client connections open now.")?;
+        registry.register(Box::new(client_connections.clone()))?;
+        let connections_closed = counter_vec(
+            registry,
+            "proxima_client_connections_closed_total",
+            "Client connections the proxy closed, by reason (shed, header_timeout, idle, stalled).",
+            &["reason"],
+        )?;
         Ok(Self {
             vecs: Arc::new(vecs),
             services: ArcSwap::from_pointee(HashMap::new()),
             writer: Mutex::new(()),
+            client_connections,
+            connections_closed,
         })
+    }
+
+    /// The gauge of open client connections.
+    pub(crate) fn client_connections(&self) -> &IntGauge {
+        &self.client_connections
+    }
+
+    /// Count a client connection the proxy closed.
+    pub(crate) fn connection_closed(&self, reason: CloseReason) {
+        self.connections_closed
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// The cached handles of `key`'s metrics.

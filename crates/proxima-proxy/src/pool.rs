@@ -48,20 +48,30 @@ pub(crate) struct ConnPool {
     shards: Vec<Mutex<Shard>>,
     idle_timeout: Duration,
     bind: Option<IpAddr>,
+    max_response_headers: usize,
 }
 
 impl ConnPool {
-    pub(crate) fn new(idle_timeout: Duration, bind: Option<IpAddr>) -> Self {
+    pub(crate) fn new(
+        idle_timeout: Duration,
+        bind: Option<IpAddr>,
+        max_response_headers: usize,
+    ) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             idle_timeout,
             bind,
+            max_response_headers,
         }
     }
 
-    /// The local address new upstream connections are bound to, if any.
-    pub(crate) fn bind(&self) -> Option<IpAddr> {
-        self.bind
+    /// Open a new connection to `addr` within `timeout` (see [`connect`]).
+    pub(crate) async fn connect(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Sender, ConnectError> {
+        connect(addr, timeout, self.bind, self.max_response_headers).await
     }
 
     fn shard(&self, addr: SocketAddr) -> std::sync::MutexGuard<'_, Shard> {
@@ -150,12 +160,14 @@ pub(crate) enum ConnectError {
     Closed(hyper::Error),
 }
 
-/// Open an HTTP/1.1 connection to `addr` within `timeout`, from `bind` when given. The
-/// connection is driven by its own task until its `Sender` is dropped or the pod closes it.
+/// Open an HTTP/1.1 connection to `addr` within `timeout`, from `bind` when given, that
+/// accepts responses of up to `max_headers` header lines. The connection is driven by its
+/// own task until its `Sender` is dropped or the pod closes it.
 pub(crate) async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     bind: Option<IpAddr>,
+    max_headers: usize,
 ) -> Result<Sender, ConnectError> {
     let stream = tokio::time::timeout(timeout, open(addr, bind))
         .await
@@ -163,6 +175,7 @@ pub(crate) async fn connect(
     // Small requests and responses must not wait for Nagle's algorithm.
     let _ = stream.set_nodelay(true);
     let (sender, conn) = http1::Builder::new()
+        .max_headers(max_headers.max(1))
         .handshake(TokioIo::new(stream))
         .await
         .map_err(ConnectError::Handshake)?;

@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tracing::debug;
 
 use crate::body::RequestBody;
-use crate::forward::{attempt, Attempt};
+use crate::forward::{attempt, Attempt, HeadersAt};
 use crate::Proxy;
 
 /// How often due probes are collected.
@@ -194,10 +194,10 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
 
     let outcome = match attempt(&proxy.pool, ticket.addr, req, deadline, ticket.timeout).await {
         Attempt::Response(response, sender) => {
-            let latency = start.elapsed();
+            let latency = HeadersAt::of(&response).saturating_duration_since(start);
             let status = response.status().as_u16();
             // Read the body so that the connection can be reused.
-            let mut body = response.into_body();
+            let mut body = response.into_body().rest;
             let drained = tokio::time::timeout_at(deadline.into(), async {
                 while let Some(frame) =
                     std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await

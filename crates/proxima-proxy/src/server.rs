@@ -11,54 +11,92 @@
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::header::HOST;
-use http::{HeaderValue, Request};
+use http::{HeaderValue, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::forward::{BadTarget, Target};
+use crate::metrics::CloseReason;
+use crate::reply;
 use crate::target::{TargetCache, TargetError, TargetSource};
 use crate::{Proxy, ProxyConfig};
 
-/// Time a client has to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after an accept error (e.g. out of file descriptors) before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// At most one log line per this time about failing accepts or shed connections.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+/// After an idle connection was asked to close (HTTP/2 GOAWAY), how long the client has
+/// to let go before the socket is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// Most bytes of an invalid service name echoed back in the error body.
+const MAX_ECHO: usize = 64;
 
-/// Which service `req` names: the service header, else `Host`, else the HTTP/2
-/// `:authority`.
+/// What the client sent as a service name, cut to [`MAX_ECHO`] bytes for the error body.
+fn echo(raw: &[u8]) -> String {
+    if raw.len() <= MAX_ECHO {
+        return String::from_utf8_lossy(raw).into_owned();
+    }
+    let mut text = String::from_utf8_lossy(&raw[..MAX_ECHO]).into_owned();
+    text.push('…');
+    text
+}
+
+/// Whether a `Host` or authority names this machine rather than a service: `localhost`
+/// or an IP address, with or without a port. Such requests name no service (400).
+fn names_a_machine(value: &str) -> bool {
+    let value = value.trim();
+    if value.starts_with('[') {
+        return true;
+    }
+    let host = match value.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => value,
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok()
+}
+
+/// Which service `req` names: the service header; else the authority of an
+/// absolute-form URI or HTTP/2 `:authority` (RFC 9112 §3.2.2: it wins over `Host`); else
+/// `Host`. A `Host` or authority that is `localhost` or an IP address names no service.
 fn resolve(
     config: &ProxyConfig,
     cache: &mut TargetCache,
     req: &Request<Incoming>,
 ) -> Result<Target, BadTarget> {
     let headers = req.headers();
+    let missing = || BadTarget {
+        error: TargetError::Missing,
+        named: String::new(),
+    };
     let (raw, source) = if let Some(value) = headers.get(&config.service_header) {
         (value.clone(), TargetSource::Header)
-    } else if let Some(value) = headers.get(HOST) {
-        (value.clone(), TargetSource::Host)
     } else if let Some(authority) = req.uri().authority() {
         let value = HeaderValue::from_str(authority.as_str()).map_err(|_| BadTarget {
             error: TargetError::Invalid("invalid authority"),
-            named: String::new(),
+            named: echo(authority.as_str().as_bytes()),
         })?;
         (value, TargetSource::Host)
+    } else if let Some(value) = headers.get(HOST) {
+        (value.clone(), TargetSource::Host)
     } else {
-        return Err(BadTarget {
-            error: TargetError::Missing,
-            named: String::new(),
-        });
+        return Err(missing());
     };
+    if source == TargetSource::Host && raw.to_str().is_ok_and(names_a_machine) {
+        return Err(missing());
+    }
     match cache.key(
         &raw,
         source,
@@ -68,7 +106,7 @@ fn resolve(
         Ok(key) => Ok(Target { key, raw, source }),
         Err(error) => Err(BadTarget {
             error,
-            named: String::from_utf8_lossy(raw.as_bytes()).into_owned(),
+            named: echo(raw.as_bytes()),
         }),
     }
 }
@@ -78,11 +116,13 @@ const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 
 fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper answers 431 itself (without our JSON body) when headers outgrow its read
-    // buffer; keep that buffer well above `max_header_bytes` so that the proxy's own
-    // check, with its JSON answer, is what clients normally meet.
+    // hyper answers 431 or 414 itself (without our JSON body) when a request head
+    // outgrows its read buffer or header array; keep both well above the proxy's own
+    // limits, so that the proxy's checks, with their JSON answers, are what clients
+    // normally meet.
     let buffer = config
         .max_header_bytes
+        .saturating_add(config.max_uri_bytes)
         .saturating_mul(4)
         .max(HYPER_DEFAULT_MAX_BUF);
     builder
@@ -90,7 +130,8 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
         // The timer enables hyper's header read timeout, which also closes keep-alive
         // connections that stay silent that long.
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(config.client_header_timeout)
+        .max_headers(config.max_request_headers.saturating_mul(4).max(100))
         .max_buf_size(buffer);
     builder
         .http2()
@@ -99,38 +140,110 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// The proxy's own request limits, answered with JSON: too many header lines (431), a
+/// request target too long (414).
+fn over_limits(
+    proxy: &Proxy,
+    req: &Request<Incoming>,
+) -> Option<http::Response<crate::ResponseBody>> {
+    let config = &proxy.config;
+    let (status, error, detail) = if req.headers().len() > config.max_request_headers {
+        (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "too many request headers",
+            format!(
+                "the request has {} header lines; the limit is {}",
+                req.headers().len(),
+                config.max_request_headers
+            ),
+        )
+    } else {
+        let uri = req.uri();
+        let length = uri.path_and_query().map_or(0, |pq| pq.as_str().len())
+            + uri.authority().map_or(0, |a| a.as_str().len())
+            + uri.scheme_str().map_or(0, str::len);
+        if length <= config.max_uri_bytes {
+            return None;
+        }
+        (
+            StatusCode::URI_TOO_LONG,
+            "request target too long",
+            format!(
+                "the request target takes {length} bytes; the limit is {}",
+                config.max_uri_bytes
+            ),
+        )
+    };
+    proxy.metrics.unrouted(status);
+    debug!(status = status.as_u16(), detail, "request refused");
+    Some(reply::error(status, error, "", &detail))
+}
+
 /// Accept connections until `shutdown` resolves; then stop accepting and let in-flight
 /// requests finish up to `shutdown_grace`.
+///
+/// At most `max_client_connections` are open at once: a connection beyond that is
+/// accepted and closed at once (shed), so the proxy never holds more file descriptors
+/// than its budget and discovery, the admin server and the pods keep theirs. Accept
+/// errors (such as running out of file descriptors anyway) back off briefly and are
+/// logged at most once per few seconds, with a count.
 pub async fn serve(
     proxy: Arc<Proxy>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let builder = builder(&proxy.config);
-    let graceful = GracefulShutdown::new();
+    let builder = Arc::new(builder(&proxy.config));
+    let timeouts = ConnTimeouts {
+        header: proxy.config.client_header_timeout,
+        idle: proxy.config.client_idle_timeout,
+        body: proxy.config.body_idle_timeout,
+    };
+    let budget = Arc::new(Semaphore::new(
+        proxy
+            .config
+            .max_client_connections
+            .clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let mut accept_errors = RateLimited::new(LOG_EVERY);
+    let mut sheds = RateLimited::new(LOG_EVERY);
     let local = listener.local_addr()?;
-    info!(%local, "proxy listening");
+    info!(%local, max_connections = proxy.config.max_client_connections, "proxy listening");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let service = connection_service(proxy.clone(), peer);
-                    let conn = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
-                    let conn = graceful.watch(conn);
-                    connections.spawn(async move {
-                        if let Err(error) = conn.await {
-                            debug!(%peer, %error, "client connection ended with an error");
+                    let Ok(permit) = budget.clone().try_acquire_owned() else {
+                        // Over budget: close at once rather than hold the descriptor.
+                        drop(stream);
+                        proxy.metrics.connection_closed(CloseReason::Shed);
+                        if let Some(more) = sheds.allow(Instant::now()) {
+                            warn!(
+                                %peer,
+                                limit = proxy.config.max_client_connections,
+                                shed_since_last_line = more,
+                                "connection limit reached; shedding new client connections"
+                            );
                         }
-                    });
+                        continue;
+                    };
+                    connections.spawn(drive(
+                        proxy.clone(),
+                        builder.clone(),
+                        timeouts,
+                        stream,
+                        peer,
+                        permit,
+                        stop_rx.clone(),
+                    ));
                 }
                 Err(error) => {
-                    warn!(%error, "accept failed");
+                    if let Some(more) = accept_errors.allow(Instant::now()) {
+                        warn!(%error, repeats_since_last_line = more, "accept failed");
+                    }
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
@@ -147,10 +260,8 @@ pub async fn serve(
         grace = ?proxy.config.shutdown_grace,
         "shutting down: no new connections; finishing in-flight requests"
     );
-    let drained = async {
-        graceful.shutdown().await;
-        while connections.join_next().await.is_some() {}
-    };
+    let _ = stop_tx.send(true);
+    let drained = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(proxy.config.shutdown_grace, drained)
         .await
         .is_err()
@@ -165,10 +276,93 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serve one client connection, closing it when it is silent, idle or stalled (see
+/// `conn.rs`) or, gracefully, when `stop` turns true.
+async fn drive(
+    proxy: Arc<Proxy>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    timeouts: ConnTimeouts,
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _permit = permit;
+    let gauge = proxy.metrics.client_connections().clone();
+    gauge.inc();
+    let _ = stream.set_nodelay(true);
+    let activity = ConnActivity::new(Instant::now());
+    let service = connection_service(proxy.clone(), peer, activity.clone());
+    let io = TokioIo::new(Watched::new(
+        stream,
+        activity.clone(),
+        proxy.config.max_uri_bytes,
+    ));
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing: Option<Instant> = None;
+    let mut stopping = *stop.borrow();
+    if stopping {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let deadline = match closing {
+            Some(at) => Some(at),
+            None if stopping => None,
+            None => activity.deadline(&timeouts),
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    debug!(%peer, %error, "client connection ended with an error");
+                }
+                break;
+            }
+            changed = stop.changed(), if !stopping => {
+                if changed.is_err() || *stop.borrow() {
+                    stopping = true;
+                    closing = None;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            () = activity.changed(), if closing.is_none() && !stopping => {}
+            () = sleep_until(deadline), if deadline.is_some() => {
+                if closing.is_some() {
+                    debug!(%peer, "client did not close in time; dropping the connection");
+                    break;
+                }
+                match activity.verdict(&timeouts, Instant::now()) {
+                    Verdict::Keep => {}
+                    Verdict::Close(reason) => {
+                        debug!(%peer, reason = reason.as_str(), "closing client connection");
+                        proxy.metrics.connection_closed(reason);
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(Instant::now() + CLOSE_GRACE);
+                    }
+                    Verdict::Cut(reason) => {
+                        debug!(%peer, reason = reason.as_str(), "cutting stalled client connection");
+                        proxy.metrics.connection_closed(reason);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    gauge.dec();
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The per-connection service: resolve the target, then forward.
 fn connection_service(
     proxy: Arc<Proxy>,
     peer: SocketAddr,
+    activity: Arc<ConnActivity>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = http::Response<crate::ResponseBody>,
@@ -180,11 +374,23 @@ fn connection_service(
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
     let cache = RefCell::new(TargetCache::default());
     service_fn(move |req: Request<Incoming>| {
-        let target = match cache.try_borrow_mut() {
-            Ok(mut cache) => resolve(&proxy.config, &mut cache, &req),
-            Err(_) => resolve(&proxy.config, &mut TargetCache::default(), &req),
+        let in_flight = activity.begin();
+        let work = match over_limits(&proxy, &req) {
+            Some(refused) => Err(refused),
+            None => {
+                let target = match cache.try_borrow_mut() {
+                    Ok(mut cache) => resolve(&proxy.config, &mut cache, &req),
+                    Err(_) => resolve(&proxy.config, &mut TargetCache::default(), &req),
+                };
+                Ok(proxy.clone().forward(req, target, client_ip.clone()))
+            }
         };
-        let forwarded = proxy.clone().forward(req, target, client_ip.clone());
-        async move { Ok::<_, Infallible>(forwarded.await) }
+        async move {
+            let response = match work {
+                Err(refused) => refused,
+                Ok(forwarded) => forwarded.await,
+            };
+            Ok::<_, Infallible>(response.map(|body| body.holding(in_flight)))
+        }
     })
 }

@@ -292,7 +292,223 @@ pub struct ProxyArgs {
     pub upstream_bind: Option<IpAddr>,
 
     #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
     pub nodes: NodesArgs,
+}
+
+/// Limits and timeouts of client connections (README: "Limits and timeouts").
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Limits and timeouts")]
+pub struct LimitArgs {
+    /// Time a new client connection has to send its first request's headers (this
+    /// covers telling HTTP/1.1 from HTTP/2, so silent sockets and partial HTTP/2
+    /// prefaces are closed), and an HTTP/1.1 client each next request's headers.
+    #[arg(
+        long,
+        env = "PROXIMA_CLIENT_HEADER_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub client_header_timeout: Duration,
+
+    /// A client connection with no request in flight for this long is closed
+    /// (HTTP/1.1 keep-alive; HTTP/2 after its last stream, with GOAWAY).
+    #[arg(
+        long,
+        env = "PROXIMA_CLIENT_IDLE_TIMEOUT",
+        default_value = "60s",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub client_idle_timeout: Duration,
+
+    /// While a response body streams, a client connection on which no byte moves for
+    /// this long is closed, and the pod connection with it: a client that stopped
+    /// reading, a pod that stopped sending, or a client that stopped sending its body.
+    #[arg(
+        long,
+        env = "PROXIMA_BODY_IDLE_TIMEOUT",
+        default_value = "60s",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub body_idle_timeout: Duration,
+
+    /// Most client connections open at once; beyond it new connections are closed as
+    /// soon as they are accepted. `auto`: half of the open-file limit (ulimit -n) left
+    /// after 256 descriptors kept for pods, discovery and the admin server (each
+    /// proxied request may hold a pod connection too), at least 16.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_CLIENT_CONNECTIONS",
+        default_value = "auto",
+        value_name = "COUNT|auto",
+        value_parser = parse_connection_budget
+    )]
+    pub max_client_connections: ConnectionBudget,
+
+    /// Most header lines in a client request; more get 431 with a JSON body.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_REQUEST_HEADERS",
+        default_value = "200",
+        value_name = "COUNT",
+        value_parser = parse_header_count
+    )]
+    pub max_request_headers: usize,
+
+    /// Most header lines in a pod's response; more make the attempt fail with 502.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_RESPONSE_HEADERS",
+        default_value = "500",
+        value_name = "COUNT",
+        value_parser = parse_header_count
+    )]
+    pub max_response_headers: usize,
+
+    /// Longest request target (path and query) in bytes; longer ones get 414 with a
+    /// JSON body.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_URI_BYTES",
+        default_value = "8192",
+        value_name = "BYTES",
+        value_parser = parse_uri_bytes
+    )]
+    pub max_uri_bytes: usize,
+}
+
+/// Who may use the admin server's `/debug/*` and `/node/*` endpoints.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Admin access")]
+pub struct AdminArgs {
+    /// Shared token that opens /debug/* and /node/* on the admin port to clients off
+    /// loopback (`Authorization: Bearer TOKEN`); the peer prober sends it to other
+    /// nodes' proxies, so give every node the same one (e.g. from a Secret).
+    /// /metrics, /healthz and /readyz never need it.
+    #[arg(
+        long,
+        env = "PROXIMA_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// Networks (CIDR, comma-separated, e.g. 10.0.0.0/8) whose clients may use /debug/*
+    /// and /node/* without the token, besides loopback: on a cluster, the node network,
+    /// so that peers' /node/ping probes are answered.
+    #[arg(
+        long,
+        env = "PROXIMA_ADMIN_TRUSTED_NETWORKS",
+        value_name = "CIDR,..",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    pub admin_trusted_networks: Vec<(IpAddr, u8)>,
+}
+
+impl AdminArgs {
+    pub fn access(&self) -> proxima_admin::AdminAccess {
+        proxima_admin::AdminAccess {
+            token: self.admin_token.clone().filter(|t| !t.is_empty()),
+            trusted: self.admin_trusted_networks.clone(),
+            open: false,
+        }
+    }
+}
+
+fn parse_cidr(value: &str) -> Result<(IpAddr, u8), String> {
+    let (addr, bits) = value.trim().split_once('/').unwrap_or((value.trim(), ""));
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{value:?} is not a network: expected CIDR such as 10.0.0.0/8"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let bits = if bits.is_empty() {
+        max
+    } else {
+        bits.parse::<u8>()
+            .ok()
+            .filter(|b| *b <= max)
+            .ok_or_else(|| format!("{value:?}: the prefix length must be 0 to {max}"))?
+    };
+    Ok((addr, bits))
+}
+
+/// `--max-client-connections`: a number, or derived from the open-file limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionBudget {
+    Auto,
+    Fixed(usize),
+}
+
+/// Descriptors kept out of the `auto` connection budget for everything else.
+const RESERVED_FDS: u64 = 256;
+
+impl ConnectionBudget {
+    /// The number of connections; `auto` reads the soft open-file limit.
+    pub fn resolve(self) -> usize {
+        match self {
+            ConnectionBudget::Fixed(n) => n,
+            ConnectionBudget::Auto => auto_budget(open_file_limit()),
+        }
+    }
+}
+
+/// The `auto` budget for an open-file limit (`None`: unknown or unlimited).
+fn auto_budget(limit: Option<u64>) -> usize {
+    match limit {
+        Some(limit) => {
+            { usize::try_from(limit.saturating_sub(RESERVED_FDS) / 2).unwrap_or(usize::MAX) }
+                .clamp(16, 1 << 20)
+        }
+        None => 1 << 16,
+    }
+}
+
+/// The soft limit on open files of this process, from /proc (Linux).
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn parse_connection_budget(value: &str) -> Result<ConnectionBudget, String> {
+    if value == "auto" {
+        return Ok(ConnectionBudget::Auto);
+    }
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .map(ConnectionBudget::Fixed)
+        .ok_or_else(|| format!("{value:?}: expected `auto` or a number of connections (1 or more)"))
+}
+
+fn parse_header_count(value: &str) -> Result<usize, String> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (8..=10_000).contains(n))
+        .ok_or_else(|| format!("{value:?}: expected a number of header lines from 8 to 10000"))
+}
+
+fn parse_uri_bytes(value: &str) -> Result<usize, String> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (256..=60_000).contains(n))
+        .ok_or_else(|| format!("{value:?}: expected a number of bytes from 256 to 60000"))
 }
 
 /// Where node CPU and memory usage comes from (`--usage-source`).
@@ -410,6 +626,13 @@ impl ProxyArgs {
             shutdown_grace: self.shutdown_grace,
             pool_idle_timeout: self.upstream_idle_timeout,
             upstream_bind: self.upstream_bind,
+            client_header_timeout: self.limits.client_header_timeout,
+            client_idle_timeout: self.limits.client_idle_timeout,
+            body_idle_timeout: self.limits.body_idle_timeout,
+            max_client_connections: self.limits.max_client_connections.resolve(),
+            max_request_headers: self.limits.max_request_headers,
+            max_response_headers: self.limits.max_response_headers,
+            max_uri_bytes: self.limits.max_uri_bytes,
         }
     }
 }
@@ -680,7 +903,53 @@ mod tests {
         assert_eq!(config.shutdown_grace, Duration::from_secs(5));
         assert_eq!(config.max_header_bytes, 4096);
         assert_eq!(config.default_namespace, "default");
+        assert_eq!(config.client_header_timeout, Duration::from_secs(30));
+        assert_eq!(config.max_request_headers, 200);
+        assert_eq!(config.max_response_headers, 500);
+        assert!(config.max_client_connections >= 16);
         assert_eq!(args.listen, "0.0.0.0:8080".parse().unwrap());
+    }
+
+    #[test]
+    fn admin_access_flags() {
+        assert_eq!(
+            parse_cidr("10.0.0.0/8"),
+            Ok(("10.0.0.0".parse().unwrap(), 8))
+        );
+        assert_eq!(parse_cidr("fd00::1"), Ok(("fd00::1".parse().unwrap(), 128)));
+        assert!(parse_cidr("10.0.0.0/33").is_err());
+        assert!(parse_cidr("ten/8").is_err());
+        let cli = Cli::try_parse_from([
+            "proxima",
+            "run",
+            "--discovery",
+            "kube",
+            "--admin-token",
+            "t0k",
+            "--admin-trusted-networks",
+            "10.0.0.0/8,192.168.1.0/24",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        let access = args.proxy.admin.access();
+        assert_eq!(access.token.as_deref(), Some("t0k"));
+        assert_eq!(access.trusted.len(), 2);
+        assert!(!access.open);
+    }
+
+    #[test]
+    fn the_auto_connection_budget_follows_the_open_file_limit() {
+        assert_eq!(auto_budget(Some(1024)), 384);
+        assert_eq!(auto_budget(Some(65_536)), 32_640);
+        assert_eq!(auto_budget(Some(100)), 16);
+        assert_eq!(auto_budget(None), 65_536);
+        assert_eq!(ConnectionBudget::Fixed(7).resolve(), 7);
+        assert_eq!(parse_connection_budget("auto"), Ok(ConnectionBudget::Auto));
+        assert!(parse_connection_budget("0").is_err());
+        assert!(parse_header_count("3").is_err());
+        assert!(parse_uri_bytes("100000").is_err());
     }
 
     #[test]

@@ -169,10 +169,16 @@ pub async fn serve(
     tasks.spawn({
         let stop = shutdown.wait();
         let node_endpoints: Arc<dyn proxima_admin::NodeEndpoints> = nodes.local.clone();
+        let access = args.admin.access();
         async move {
-            let result =
-                proxima_admin::serve_with_node(admin, Some(node_endpoints), admin_listener, stop)
-                    .await;
+            let result = proxima_admin::serve_with_access(
+                admin,
+                Some(node_endpoints),
+                access,
+                admin_listener,
+                stop,
+            )
+            .await;
             ("admin server", result.map_err(Into::into))
         }
     });
@@ -206,14 +212,7 @@ pub async fn serve(
     }
 
     nodes
-        .spawn(
-            &args.nodes,
-            args.upstream_bind,
-            source,
-            router.clone(),
-            &mut tasks,
-            shutdown,
-        )
+        .spawn(args, source, router.clone(), &mut tasks, shutdown)
         .await;
     let proxy = Proxy::new(router, metrics, args.config());
     tasks.spawn({
@@ -339,13 +338,15 @@ impl NodeMeasurements {
     /// Start the measurement loops as tasks that run until shutdown.
     async fn spawn(
         self,
-        args: &NodesArgs,
-        bind: Option<std::net::IpAddr>,
+        proxy_args: &ProxyArgs,
         source: &Source,
         router: Arc<Router>,
         tasks: &mut JoinSet<(&'static str, Result<()>)>,
         shutdown: &Shutdown,
     ) {
+        let args = &proxy_args.nodes;
+        let bind = proxy_args.upstream_bind;
+        let token = proxy_args.admin.access().token;
         let kube = match source {
             Source::Kube(kube) => Some(kube),
             Source::File(_) => None,
@@ -396,6 +397,7 @@ impl NodeMeasurements {
             max_peers_per_round: args.peer_sample,
             peer_port: args.peer_port,
             bind,
+            token,
             ..proxima_nodes::ProberConfig::default()
         };
         let rng = <rand::rngs::SmallRng as rand::SeedableRng>::from_entropy();

@@ -1,0 +1,536 @@
+//! What one client connection is doing, so that silent and stalled connections can be
+//! closed.
+//!
+//! hyper's own header read timeout starts only once the auto server has told HTTP/1 from
+//! HTTP/2, and HTTP/2 has no idle timeout at all: a socket that sends nothing, or only
+//! part of the HTTP/2 preface, or an HTTP/2 connection after its last stream, would stay
+//! open for ever. So every connection carries a [`ConnActivity`]:
+//!
+//! * the connection's service marks each request in flight ([`InFlight`]) from the
+//!   moment its headers are parsed until its response body has been sent or dropped;
+//! * the socket is wrapped in [`Watched`], which notes the time of the last byte read
+//!   or written.
+//!
+//! The task driving the connection asks [`ConnActivity::deadline`] when it must look
+//! again, and [`ConnActivity::verdict`] what to do then:
+//!
+//! | state | limit | then |
+//! |---|---|---|
+//! | no request yet | `client_header_timeout` from the accept | close |
+//! | nothing in flight after a request | `client_idle_timeout` from the last response | graceful close (HTTP/2 GOAWAY) |
+//! | a response body streaming | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
+//! | waiting for response headers | none here: the service's `timeout` bounds it | |
+//!
+//! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
+//! other errors. hyper answers a request head it cannot take (longer than its read
+//! buffer: `431`; a target over 65534 bytes: `414`; malformed: `400`) with a bare status
+//! line before the proxy sees the request. [`Watched`] counts the final response heads
+//! written: each request the proxy served gets one; a `4xx` head written when every
+//! served request has had its head, with nothing in flight, is hyper's, and is replaced
+//! by the proxy's own answer. A `431` whose request line alone was longer than the target limit becomes
+//! `414`, as a shorter over-long target would get from the proxy.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+use crate::metrics::CloseReason;
+
+/// The timeouts of client connections (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnTimeouts {
+    pub(crate) header: Duration,
+    pub(crate) idle: Duration,
+    pub(crate) body: Duration,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    streaming: usize,
+    requests: u64,
+    idle_since: Instant,
+}
+
+/// What one client connection is doing (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ConnActivity {
+    born: Instant,
+    /// Requests in flight, readable without the lock (see [`Watched`]).
+    busy: AtomicUsize,
+    /// Requests begun so far, readable without the lock.
+    started: AtomicU64,
+    /// Milliseconds after `born` of the last byte read or written.
+    last_io_ms: AtomicU64,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+/// What the driver should do with the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Keep,
+    /// Close gracefully (finish what runs, HTTP/2 GOAWAY).
+    Close(CloseReason),
+    /// Cut at once: nothing moves.
+    Cut(CloseReason),
+}
+
+impl ConnActivity {
+    pub(crate) fn new(now: Instant) -> Arc<Self> {
+        Arc::new(Self {
+            born: now,
+            busy: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            last_io_ms: AtomicU64::new(0),
+            state: Mutex::new(State {
+                in_flight: 0,
+                streaming: 0,
+                requests: 0,
+                idle_since: now,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_io_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn last_io(&self) -> Instant {
+        self.born + Duration::from_millis(self.last_io_ms.load(Ordering::Relaxed))
+    }
+
+    /// A request's headers have arrived; it is in flight until the guard is dropped.
+    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
+        {
+            let mut state = self.state();
+            state.in_flight += 1;
+            state.requests += 1;
+            self.busy.store(state.in_flight, Ordering::Relaxed);
+            self.started.store(state.requests, Ordering::Relaxed);
+        }
+        self.changed.notify_one();
+        InFlight {
+            activity: self.clone(),
+            streaming: false,
+        }
+    }
+
+    /// Resolves when a request begins or ends (the deadline may have moved).
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// When the driver must next call [`verdict`](Self::verdict); `None` while only
+    /// response headers are awaited.
+    pub(crate) fn deadline(&self, timeouts: &ConnTimeouts) -> Option<Instant> {
+        let state = self.state();
+        if state.streaming > 0 {
+            Some(self.last_io() + timeouts.body)
+        } else if state.in_flight > 0 {
+            None
+        } else if state.requests == 0 {
+            Some(state.idle_since + timeouts.header)
+        } else {
+            Some(state.idle_since + timeouts.idle)
+        }
+    }
+
+    /// Whether the connection has outlived its limit at `now`.
+    pub(crate) fn verdict(&self, timeouts: &ConnTimeouts, now: Instant) -> Verdict {
+        let state = self.state();
+        if state.streaming > 0 {
+            if now.saturating_duration_since(self.last_io()) >= timeouts.body {
+                return Verdict::Cut(CloseReason::Stalled);
+            }
+        } else if state.in_flight == 0 {
+            let (limit, reason) = if state.requests == 0 {
+                (timeouts.header, CloseReason::HeaderTimeout)
+            } else {
+                (timeouts.idle, CloseReason::Idle)
+            };
+            if now.saturating_duration_since(state.idle_since) >= limit {
+                return Verdict::Close(reason);
+            }
+        }
+        Verdict::Keep
+    }
+}
+
+/// A request in flight on a client connection (see the module docs).
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    activity: Arc<ConnActivity>,
+    streaming: bool,
+}
+
+impl InFlight {
+    /// Response headers are out; the body now streams.
+    pub(crate) fn streaming(mut self) -> Self {
+        if !self.streaming {
+            self.streaming = true;
+            // Streaming starts with a fresh stall clock.
+            self.activity.touch();
+            self.activity.state().streaming += 1;
+            self.activity.changed.notify_one();
+        }
+        self
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        {
+            let mut state = self.activity.state();
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if self.streaming {
+                state.streaming = state.streaming.saturating_sub(1);
+            }
+            if state.in_flight == 0 {
+                state.idle_since = Instant::now();
+            }
+            self.activity.busy.store(state.in_flight, Ordering::Relaxed);
+        }
+        self.activity.changed.notify_one();
+    }
+}
+
+/// A client socket that notes when bytes move and dresses hyper's own error answers
+/// (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Watched<S> {
+    inner: S,
+    activity: Arc<ConnActivity>,
+    /// Longest request target the proxy accepts (`max_uri_bytes`).
+    max_target: usize,
+    /// Bytes of the current request line read so far, between requests.
+    line: usize,
+    /// The current request line has ended.
+    line_done: bool,
+    /// Requests begun when the line count was last reset.
+    counted_from: u64,
+    /// Response heads of the proxy's own (non-informational) answers written so far.
+    heads: u64,
+    /// Swallowing hyper's error head until its blank line.
+    swallowing: bool,
+    /// The proxy's answer still to be written in place of hyper's.
+    pending: Vec<u8>,
+}
+
+impl<S> Watched<S> {
+    pub(crate) fn new(inner: S, activity: Arc<ConnActivity>, max_target: usize) -> Self {
+        Self {
+            inner,
+            activity,
+            max_target,
+            line: 0,
+            line_done: false,
+            counted_from: 0,
+            heads: 0,
+            swallowing: false,
+            pending: Vec::new(),
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.activity.busy.load(Ordering::Relaxed) == 0
+    }
+
+    /// The answer to give instead of hyper's bare `status`, if the proxy has one.
+    fn replacement(&self, status: &[u8]) -> Option<Vec<u8>> {
+        let target_too_long = (
+            414,
+            "URI Too Long",
+            "request target too long",
+            format!(
+                "the request target is longer than {} bytes",
+                self.max_target
+            ),
+        );
+        let (code, reason, error, detail) = match status {
+            b"414" => target_too_long,
+            b"431" if !self.line_done || self.line > self.max_target => target_too_long,
+            b"431" => (
+                431,
+                "Request Header Fields Too Large",
+                "request headers too large",
+                "the request head is too large or has too many header lines".to_string(),
+            ),
+            b"400" => (
+                400,
+                "Bad Request",
+                "malformed request",
+                "the request head is not valid HTTP/1.1".to_string(),
+            ),
+            _ => return None,
+        };
+        let body = serde_json::json!({"error": error, "service": "", "detail": detail}).to_string();
+        Some(
+            format!(
+                "HTTP/1.1 {code} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        )
+    }
+
+    /// Write what is pending of the proxy's own answer.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        while !self.pending.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.pending.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Take `buf` from hyper as written if it is (part of) hyper's own error head that
+    /// is being replaced; `Some(bytes taken)` then.
+    ///
+    /// Every request the proxy served gets one final response head, written by hyper
+    /// (often after the body has been handed over, so "nothing in flight" alone does not
+    /// tell). A final head written when every served request already has its head is
+    /// hyper's own error answer.
+    fn intercept(&mut self, buf: &[u8]) -> Option<usize> {
+        if !self.swallowing {
+            let head = buf.len() >= 12
+                && (buf.starts_with(b"HTTP/1.1 ") || buf.starts_with(b"HTTP/1.0 "))
+                && buf[9] != b'1';
+            if !head {
+                return None;
+            }
+            if self.heads < self.activity.started.load(Ordering::Relaxed) {
+                self.heads += 1;
+                return None;
+            }
+            if buf[9] != b'4' || !self.idle() {
+                return None;
+            }
+            self.pending = self.replacement(&buf[9..12])?;
+            self.swallowing = true;
+        }
+        // Up to and including the blank line ending hyper's head (its body is empty).
+        match buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            Some(end) => {
+                self.swallowing = false;
+                Some(end + 4)
+            }
+            None => Some(buf.len()),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.touch();
+            let started = this.activity.started.load(Ordering::Relaxed);
+            if started != this.counted_from {
+                // A request began since: what is read between requests now is the next head.
+                this.counted_from = started;
+                this.line = 0;
+                this.line_done = false;
+            }
+            if this.idle() && !this.line_done {
+                let new = &buf.filled()[before..];
+                match new.iter().position(|b| *b == b'\n') {
+                    Some(at) => {
+                        this.line += at;
+                        this.line_done = true;
+                    }
+                    None => this.line += new.len(),
+                }
+            }
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(taken) = this.intercept(buf) {
+            // Written now if the socket takes it, else on the flush that follows.
+            if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(taken));
+        }
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            if let Some(taken) = this.intercept(first) {
+                if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                return Poll::Ready(Ok(taken));
+            }
+        }
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+/// Logs an error at most once per `every`, with the number of repeats left out, so that
+/// a storm (accept failing with EMFILE thousands of times a second) stays readable.
+#[derive(Debug)]
+pub(crate) struct RateLimited {
+    every: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimited {
+    pub(crate) fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(repeats suppressed since the last line)` when a line may be logged now.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.every => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeouts() -> ConnTimeouts {
+        ConnTimeouts {
+            header: Duration::from_secs(1),
+            idle: Duration::from_secs(2),
+            body: Duration::from_secs(3),
+        }
+    }
+
+    #[test]
+    fn a_silent_new_connection_times_out_on_headers() {
+        let t0 = Instant::now();
+        let activity = ConnActivity::new(t0);
+        let t = timeouts();
+        assert_eq!(activity.deadline(&t), Some(t0 + t.header));
+        assert_eq!(activity.verdict(&t, t0), Verdict::Keep);
+        assert_eq!(
+            activity.verdict(&t, t0 + t.header),
+            Verdict::Close(CloseReason::HeaderTimeout)
+        );
+    }
+
+    #[test]
+    fn requests_in_flight_hold_off_the_idle_timeout_and_streams_watch_bytes() {
+        let t0 = Instant::now();
+        let activity = ConnActivity::new(t0);
+        let t = timeouts();
+        let guard = activity.begin();
+        assert_eq!(activity.deadline(&t), None);
+        assert_eq!(activity.verdict(&t, t0 + t.idle * 10), Verdict::Keep);
+        let guard = guard.streaming();
+        let deadline = activity.deadline(&t).expect("streaming has a deadline");
+        assert!(deadline >= t0 + t.body);
+        assert_eq!(
+            activity.verdict(&t, deadline),
+            Verdict::Cut(CloseReason::Stalled)
+        );
+        drop(guard);
+        let idle = activity.deadline(&t).expect("idle deadline");
+        assert!(idle >= t0 + t.idle);
+        assert_eq!(
+            activity.verdict(&t, idle),
+            Verdict::Close(CloseReason::Idle)
+        );
+    }
+
+    #[test]
+    fn rate_limited_logs_count_what_they_left_out() {
+        let t0 = Instant::now();
+        let mut limit = RateLimited::new(Duration::from_secs(1));
+        assert_eq!(limit.allow(t0), Some(0));
+        assert_eq!(limit.allow(t0 + Duration::from_millis(10)), None);
+        assert_eq!(limit.allow(t0 + Duration::from_millis(20)), None);
+        assert_eq!(limit.allow(t0 + Duration::from_secs(1)), Some(2));
+    }
+}

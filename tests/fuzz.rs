@@ -1,0 +1,150 @@
+//! Fuzzing of everything that parses input from outside the proxy (issue 10): service
+//! names from `x-service`, `Host` and absolute URIs; topology files; Service annotations
+//! as the Kubernetes index reads them. Each property feeds random and mutated input and
+//! asserts only that nothing panics and that accepted names are well formed.
+//!
+//! A proptest harness rather than cargo-fuzz, which needs a nightly compiler. It runs with
+//! the other tests for a bounded number of cases (`PROXIMA_FUZZ_CASES`, default 512 per
+//! property, about a second each); CI can raise it for a longer run, e.g.
+//! `PROXIMA_FUZZ_CASES=10000 cargo test --test fuzz` (as `.ci/run` does).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1 as core;
+use kube::runtime::watcher::Event;
+use proptest::prelude::*;
+use proxima_core::ServiceSettings;
+use proxima_k8s::{Index, IndexConfig, Watched};
+use proxima_proxy::target::split_target;
+use proxima_proxy::{parse_target, TargetSource};
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROXIMA_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    ProptestConfig {
+        cases,
+        // The properties only check for panics; no need to shrink at length.
+        max_shrink_iters: 256,
+        // Integration tests have no lib.rs to put a regressions file beside.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Strings built from the characters that matter to the name parsers, plus anything.
+fn name_like() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-zA-Z0-9.:\\[\\]%@/ \t_-]{0,80}",
+        ".{0,40}",
+        "([a-z0-9-]{0,70}\\.){0,6}[a-z0-9-]{0,70}(:[0-9a-z]{0,8})?",
+    ]
+}
+
+/// The annotated example topology, so that mutations start from something valid.
+const EXAMPLE: &str = include_str!("../examples/topology.yaml");
+
+/// Mutations of a YAML document: replace, insert or delete a byte range.
+fn mutated_yaml() -> impl Strategy<Value = String> {
+    let edits = prop::collection::vec(
+        (
+            any::<prop::sample::Index>(),
+            0usize..16,
+            "[ -~\n\t]{0,12}|[\\[\\]{}:,&*!|>'\"%@`#-]{1,4}",
+        ),
+        1..6,
+    );
+    edits.prop_map(|edits| {
+        let mut text = EXAMPLE.as_bytes().to_vec();
+        for (at, remove, insert) in edits {
+            let start = at.index(text.len() + 1);
+            let end = (start + remove).min(text.len());
+            text.splice(start..end, insert.into_bytes());
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn service_names_never_panic(value in name_like(), header in any::<bool>()) {
+        let source = if header { TargetSource::Header } else { TargetSource::Host };
+        if let Ok(parts) = split_target(&value, source, "cluster.local") {
+            // What is accepted is a DNS label (and namespace label).
+            for label in std::iter::once(parts.name).chain(parts.namespace) {
+                prop_assert!(!label.is_empty() && label.len() <= 63, "{value:?}");
+                prop_assert!(
+                    label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                    "{value:?}"
+                );
+            }
+        }
+        let _ = parse_target(&value, source, "default", "cluster.local");
+    }
+
+    #[test]
+    fn absolute_uris_never_panic(authority in name_like(), path in "[ -~]{0,40}") {
+        let uri = format!("http://{authority}/{path}");
+        if let Ok(uri) = uri.parse::<http::Uri>() {
+            if let Some(authority) = uri.authority() {
+                let _ = parse_target(authority.as_str(), TargetSource::Host, "default", "cluster.local");
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_topologies_never_panic(text in ".{0,400}") {
+        let _ = proxima_discovery::parse(&text);
+    }
+
+    #[test]
+    fn mutated_topologies_never_panic(text in mutated_yaml()) {
+        if let Err(error) = proxima_discovery::parse(&text) {
+            // A rejected edit names its problems.
+            prop_assert!(!error.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn annotations_never_panic(
+        pairs in prop::collection::vec(
+            (
+                prop_oneof![
+                    Just("proxima.io/enabled".to_string()),
+                    Just("proxima.io/latency-slo".to_string()),
+                    Just("proxima.io/strategy".to_string()),
+                    Just("proxima.io/retries".to_string()),
+                    Just("proxima.io/qos-pool-window".to_string()),
+                    "proxima\\.io/[a-z-]{0,30}",
+                    ".{0,20}",
+                ],
+                prop_oneof![".{0,30}", "[0-9.]{1,12}(us|ms|s|m|h|%)?", Just("true".to_string())],
+            ),
+            0..8,
+        )
+    ) {
+        let (_, errors) = ServiceSettings::from_annotations(
+            pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        for error in &errors {
+            // Every rejection can be logged and published as an Event.
+            prop_assert!(!error.to_string().is_empty());
+        }
+        // Through the Kubernetes index too, as a watched Service.
+        let annotations: BTreeMap<String, String> = pairs.into_iter().collect();
+        let service = core::Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some("api".into()),
+                namespace: Some("default".into()),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut index = Index::new(IndexConfig::default());
+        let _ = index.apply(None, Watched::Service(Event::Apply(service)));
+    }
+}

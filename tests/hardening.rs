@@ -1,0 +1,779 @@
+//! The real `proxima` binary against misbehaving peers written for each test: silent and
+//! stalled clients, backends that close idle keep-alive connections, break their framing
+//! or send too many headers, and requests at and over the limits (issue 10).
+//!
+//! Needs the binary: `cargo build -p proxima` first.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[path = "support/binary.rs"]
+mod binary;
+
+use binary::*;
+
+// ---- misbehaving peers ----
+
+/// A request head as a raw backend read it.
+struct Head {
+    text: String,
+    /// Bytes read after the head (the start of the body).
+    rest: Vec<u8>,
+}
+
+impl Head {
+    fn path(&self) -> &str {
+        self.text.split_whitespace().nth(1).unwrap_or("")
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.text.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// Read one request head; `None` when the peer closed (or reset) first.
+async fn read_head(stream: &mut TcpStream, wait: Option<Duration>) -> Option<Head> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(Head {
+                text: String::from_utf8_lossy(&buf[..at]).into_owned(),
+                rest: buf[at + 4..].to_vec(),
+            });
+        }
+        let read = match wait {
+            Some(wait) if buf.is_empty() => {
+                match tokio::time::timeout(wait, stream.read(&mut chunk)).await {
+                    Ok(read) => read,
+                    Err(_) => return None,
+                }
+            }
+            _ => stream.read(&mut chunk).await,
+        };
+        match read {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Read a chunked body that begins with `rest`; returns the decoded bytes.
+async fn read_chunked(stream: &mut TcpStream, mut rest: Vec<u8>) -> Vec<u8> {
+    let mut chunk = [0u8; 4096];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => rest.extend_from_slice(&chunk[..n]),
+        }
+    }
+    dechunk(&rest)
+}
+
+/// Decode a complete chunked body (test input, trusted to be well formed).
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(line_end) = data.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size =
+            usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        data = &data[line_end + 2..];
+        if size == 0 || data.len() < size {
+            return out;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[(size + 2).min(data.len())..];
+    }
+}
+
+/// A raw HTTP/1.1 backend: each connection answers requests with `answer(head, body)`
+/// (the bytes to write, and whether to close afterwards), and closes a connection that
+/// stays idle for `idle_close` after a response, without `Connection: close`.
+async fn raw_backend<F>(idle_close: Option<Duration>, answer: F) -> SocketAddr
+where
+    F: Fn(&Head, &[u8]) -> (Vec<u8>, bool) + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut first = true;
+                loop {
+                    let wait = if first { None } else { idle_close };
+                    first = false;
+                    let Some(head) = read_head(&mut stream, wait).await else {
+                        // Idle too long (or the proxy left): close; unread bytes make it a reset.
+                        return;
+                    };
+                    let body = if head
+                        .header("transfer-encoding")
+                        .is_some_and(|v| v.contains("chunked"))
+                    {
+                        read_chunked(&mut stream, head.rest.clone()).await
+                    } else {
+                        head.rest.clone()
+                    };
+                    let (bytes, close) = answer(&head, &body);
+                    if stream.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn ok(body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A topology naming each `(service, address)` pair with one endpoint.
+fn topology(services: &[(&str, SocketAddr)], settings: &str) -> String {
+    let mut text = String::from("nodes:\n  - { name: worker-1 }\nservices:\n");
+    for (name, addr) in services {
+        text.push_str(&format!(
+            "  - name: {name}\n    settings: {{ {settings} }}\n    endpoints:\n      - {{ id: {name}-0, address: '{addr}', node: worker-1 }}\n"
+        ));
+    }
+    text
+}
+
+async fn start(dir: &TempDir, services: &[(&str, SocketAddr)], flags: &[&str]) -> Proxima {
+    start_with_settings(dir, services, "timeout: 10s", flags).await
+}
+
+async fn start_with_settings(
+    dir: &TempDir,
+    services: &[(&str, SocketAddr)],
+    settings: &str,
+    flags: &[&str],
+) -> Proxima {
+    let path = dir.0.join("topology.yaml");
+    std::fs::write(&path, topology(services, settings)).unwrap();
+    let discovery = format!("file:{}", path.display());
+    let mut args = vec![
+        "run",
+        "--discovery",
+        discovery.as_str(),
+        "--node-name",
+        "worker-1",
+    ];
+    args.extend_from_slice(flags);
+    Proxima::start(&args).await
+}
+
+/// A raw HTTP/1.1 exchange: write `request`, read until the proxy closes (send
+/// `connection: close`), and split the answer. `None` when the connection closed or
+/// broke with no answer at all.
+async fn exchange(proxy: SocketAddr, request: &[u8]) -> Option<RawReply> {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut data = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, async {
+        let mut chunk = [0u8; 65536];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => data.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no end of the answer within {PATIENCE:?}");
+    RawReply::parse(&data)
+}
+
+#[derive(Debug)]
+struct RawReply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl RawReply {
+    fn parse(data: &[u8]) -> Option<Self> {
+        let at = data.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&data[..at]).to_ascii_lowercase();
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        let raw = &data[at + 4..];
+        let body = if head.contains("transfer-encoding: chunked") {
+            dechunk(raw)
+        } else {
+            raw.to_vec()
+        };
+        Some(Self { status, head, body })
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Whether the proxy closes `stream` within `limit` (reads whatever it sent first).
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let mut chunk = [0u8; 65536];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+async fn admin_text(admin: SocketAddr, path: &str) -> String {
+    get(&client(), &format!("http://{admin}{path}"), None)
+        .await
+        .body
+}
+
+/// The value of the first metric line starting with `series` (0 when absent).
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+// ---- 1. silent connections ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_idle_client_connections_are_closed() {
+    let dir = TempDir::new("silent");
+    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
+    let proxima = start(
+        &dir,
+        &[("api", pod)],
+        &[
+            "--client-header-timeout",
+            "1s",
+            "--client-idle-timeout",
+            "2s",
+        ],
+    )
+    .await;
+    let proxy = proxima.proxy;
+    let openers: [&[u8]; 4] = [
+        b"",
+        b"PRI * HTTP/2.0\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM",
+        // The whole preface and an empty SETTINGS frame, then no stream.
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    ];
+    let mut silent = Vec::new();
+    for opener in openers {
+        let mut stream = TcpStream::connect(proxy).await.unwrap();
+        stream.write_all(opener).await.unwrap();
+        silent.push((opener, stream));
+    }
+    for (opener, stream) in &mut silent {
+        assert!(
+            closed_within(stream, Duration::from_secs(15)).await,
+            "a connection that sent {:?} is still open",
+            String::from_utf8_lossy(opener)
+        );
+    }
+
+    // A real HTTP/2 client: its request is answered, then the idle connection is closed.
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake::<_, _, http_body_util::Empty<bytes::Bytes>>(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("h2 handshake: {e}"));
+    let conn = tokio::spawn(conn);
+    let request = http::Request::get(format!("http://{proxy}/"))
+        .header("x-service", "api")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = send.send_request(request).await.expect("h2 request");
+    assert_eq!(response.status(), StatusCode::OK);
+    drop(response);
+    let ended = tokio::time::timeout(Duration::from_secs(15), conn).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection is still open");
+
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"header_timeout\"}"
+        ) >= 4.0,
+        "{metrics}"
+    );
+}
+
+// ---- 2. stale keep-alive connections ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_connections_the_pod_closed_while_idle_are_sent_again() {
+    let dir = TempDir::new("stale");
+    let served = Arc::new(AtomicUsize::new(0));
+    let pod = raw_backend(Some(Duration::from_millis(200)), {
+        let served = served.clone();
+        move |_, _| {
+            served.fetch_add(1, Ordering::Relaxed);
+            (ok("fine", ""), false)
+        }
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    let http = client();
+    let mut failures = Vec::new();
+    for i in 0..100u64 {
+        // Spaced around the pod's idle close, to race it.
+        tokio::time::sleep(Duration::from_millis(190 + (i * 7) % 25)).await;
+        let reply = get(&http, &format!("http://{}/", proxima.proxy), Some("api")).await;
+        if reply.status != StatusCode::OK {
+            failures.push(format!("#{i}: {} {}", reply.status, reply.body));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed: {failures:#?}",
+        failures.len()
+    );
+    assert_eq!(served.load(Ordering::Relaxed), 100);
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        !metrics.contains("proxima_upstream_errors_total{"),
+        "a stale connection counted against the pod:\n{metrics}"
+    );
+    let pools = admin_text(proxima.admin, "/debug/pools?service=api").await;
+    let pools: Value = serde_json::from_str(&pools).unwrap();
+    let endpoint = &pools["services"][0]["endpoints"][0];
+    assert_eq!(endpoint["requests"], 100, "{endpoint:#}");
+}
+
+// ---- 3. backend framing ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_framing_errors_never_reach_the_client_as_a_wrong_body() {
+    let dir = TempDir::new("framing");
+    let pod = raw_backend(None, |head, _| match head.path() {
+        "/both" => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n\
+              a\r\n0123456789\r\na\r\nabcdefghij\r\n0\r\n\r\n"
+                .to_vec(),
+            false,
+        ),
+        _ => (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz-not-a-size\r\n".to_vec(),
+            true,
+        ),
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+
+    let both = exchange(
+        proxima.proxy,
+        b"GET /both HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(both.status, 200, "{both:?}");
+    assert!(!both.head.contains("content-length: 5"), "{}", both.head);
+    assert_eq!(both.body, b"0123456789abcdefghij", "{both:?}");
+
+    // Over a keep-alive connection too: the next request on it is answered normally.
+    let http = client();
+    for _ in 0..3 {
+        let reply = get(
+            &http,
+            &format!("http://{}/both", proxima.proxy),
+            Some("api"),
+        )
+        .await;
+        assert_eq!(reply.body, "0123456789abcdefghij");
+    }
+
+    let broken = exchange(
+        proxima.proxy,
+        b"GET /broken HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("an answer, not an empty reply");
+    assert_eq!(broken.status, 502, "{broken:?}");
+    assert_eq!(broken.json()["error"], "upstream error");
+}
+
+// ---- 4. limits ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_count_and_uri_limits_answer_with_json() {
+    let dir = TempDir::new("limits");
+    let pod = raw_backend(None, |head, _| match head.path() {
+        "/cookies" => {
+            let cookies: String = (0..101)
+                .map(|i| format!("set-cookie: c{i}=v{i}\r\n"))
+                .collect();
+            (ok("cookies", &cookies), false)
+        }
+        "/pod-431" => (
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            false,
+        ),
+        _ => (ok("fine", ""), false),
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    let proxy = proxima.proxy;
+
+    let request = |headers: usize, path: &str| {
+        let mut text = format!("GET {path} HTTP/1.1\r\nhost: api\r\nconnection: close\r\n");
+        for i in 0..headers {
+            text.push_str(&format!("x-h{i}: {i}\r\n"));
+        }
+        text.push_str("\r\n");
+        text.into_bytes()
+    };
+
+    // 150 header lines: under the default limit of 200 (hyper's own is 100).
+    let many = exchange(proxy, &request(150, "/")).await.expect("answer");
+    assert_eq!(many.status, 200, "{many:?}");
+    let too_many = exchange(proxy, &request(250, "/")).await.expect("answer");
+    assert_eq!(too_many.status, 431, "{too_many:?}");
+    assert_eq!(too_many.json()["error"], "too many request headers");
+    // Past hyper's own header array (4 x the limit): still 431 with JSON.
+    let far_too_many = exchange(proxy, &request(1000, "/")).await.expect("answer");
+    assert_eq!(far_too_many.status, 431, "{far_too_many:?}");
+    assert_eq!(far_too_many.json()["error"], "request headers too large");
+    // A malformed head: 400 with JSON.
+    let malformed = exchange(proxy, b"GET / HTTP/1.1\r\nbad header line\r\n\r\n")
+        .await
+        .expect("answer");
+    assert_eq!(malformed.status, 400, "{malformed:?}");
+    assert_eq!(malformed.json()["error"], "malformed request");
+
+    // A pod's own 4xx answers pass through untouched, on a kept-alive connection too.
+    let http = client();
+    for _ in 0..3 {
+        let reply = get(&http, &format!("http://{proxy}/pod-431"), Some("api")).await;
+        assert_eq!(reply.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(reply.body, "", "a pod's answer was rewritten");
+    }
+
+    // A response with 101 Set-Cookie lines passes whole.
+    let cookies = exchange(proxy, &request(0, "/cookies"))
+        .await
+        .expect("answer");
+    assert_eq!(cookies.status, 200, "{cookies:?}");
+    assert_eq!(cookies.head.matches("set-cookie:").count(), 101);
+
+    // Over --max-uri-bytes (8 KiB): 414 with a JSON body, also past hyper's own limits
+    // (65534 bytes of target, then its read buffer).
+    for length in [9_000, 40_000, 100_000, 1 << 20] {
+        let path = format!("/{}", "u".repeat(length));
+        let long = exchange(proxy, &request(0, &path)).await.expect("answer");
+        assert_eq!(long.status, 414, "{length}: {}", long.head);
+        assert_eq!(long.json()["error"], "request target too long");
+    }
+}
+
+// ---- 5. GET and HEAD bodies ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_and_head_bodies_are_forwarded_chunked_or_not() {
+    let dir = TempDir::new("getbody");
+    let pod = raw_backend(None, |_, body| {
+        let got = String::from_utf8_lossy(body).into_owned();
+        (ok("", &format!("x-got: [{got}]\r\n")), false)
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    for method in ["GET", "HEAD"] {
+        let chunked = format!(
+            "{method} / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let reply = exchange(proxima.proxy, chunked.as_bytes())
+            .await
+            .expect("answer");
+        assert!(
+            reply.head.contains("x-got: [hello]"),
+            "{method}: {}",
+            reply.head
+        );
+        let sized = format!(
+            "{method} / HTTP/1.1\r\nhost: api\r\nconnection: close\r\ncontent-length: 5\r\n\r\nhello"
+        );
+        let reply = exchange(proxima.proxy, sized.as_bytes())
+            .await
+            .expect("answer");
+        assert!(
+            reply.head.contains("x-got: [hello]"),
+            "{method}: {}",
+            reply.head
+        );
+    }
+}
+
+// ---- 6. stalled clients ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_releases_both_connections() {
+    let dir = TempDir::new("stall");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let pod = listener.local_addr().unwrap();
+    let (released_tx, released) = tokio::sync::oneshot::channel::<Duration>();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_head(&mut stream, None).await.expect("request");
+        let size: u64 = 100 << 20;
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let block = vec![b'x'; 64 << 10];
+        let mut sent = 0;
+        let mut stuck_since = None;
+        while sent < size {
+            match tokio::time::timeout(Duration::from_millis(200), stream.write(&block)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => {
+                    sent += n as u64;
+                    stuck_since = None;
+                }
+                Err(_) => {
+                    stuck_since.get_or_insert_with(Instant::now);
+                }
+            }
+        }
+        let _ = released_tx.send(stuck_since.map_or(Duration::ZERO, |s| s.elapsed()));
+    });
+    let proxima = start(&dir, &[("api", pod)], &["--body-idle-timeout", "1s"]).await;
+    let mut client = TcpStream::connect(proxima.proxy).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: api\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = client.read(&mut first).await.unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    // Now stop reading. The pod's connection must be closed (its writes fail) ...
+    let stuck = tokio::time::timeout(Duration::from_secs(20), released)
+        .await
+        .expect("the pod connection is still open 20 s after the client stopped reading")
+        .expect("pod task");
+    assert!(stuck < Duration::from_secs(15), "{stuck:?}");
+    // ... and so must the client's.
+    assert!(closed_within(&mut client, Duration::from_secs(10)).await);
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"stalled\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+}
+
+// ---- the connection budget ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_budget_are_shed_and_the_admin_server_still_answers() {
+    let dir = TempDir::new("budget");
+    let pod = raw_backend(None, |_, _| (ok("fine", ""), false)).await;
+    let proxima = start(&dir, &[("api", pod)], &["--max-client-connections", "8"]).await;
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(TcpStream::connect(proxima.proxy).await.unwrap());
+    }
+    // Let the proxy accept them all before the next one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut over = TcpStream::connect(proxima.proxy).await.unwrap();
+    assert!(
+        closed_within(&mut over, Duration::from_secs(5)).await,
+        "a connection over the budget was kept"
+    );
+    let health = get(
+        &client(),
+        &format!("http://{}/healthz", proxima.admin),
+        None,
+    )
+    .await;
+    assert_eq!(health.status, StatusCode::OK);
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"shed\"}"
+        ) >= 1.0
+    );
+    assert_eq!(
+        metric(&metrics, "proxima_client_connections "),
+        8.0,
+        "{metrics}"
+    );
+    drop(held);
+    let reply = eventually("a request is served once connections are free", || async {
+        let reply = exchange(
+            proxima.proxy,
+            b"GET / HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        reply.filter(|r| r.status == 200)
+    })
+    .await;
+    assert_eq!(reply.body, b"fine");
+}
+
+/// With few file descriptors (ulimit -n 160) and the `auto` budget, a flood of client
+/// connections is shed; the admin server and the topology reload keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_under_a_low_file_limit_leaves_discovery_and_admin_working() {
+    let dir = TempDir::new("flood");
+    let pod = raw_backend(None, |_, _| (ok("fine", ""), false)).await;
+    let other = raw_backend(None, |_, _| (ok("other", ""), false)).await;
+    let path = dir.0.join("topology.yaml");
+    std::fs::write(&path, topology(&[("api", pod)], "timeout: 10s")).unwrap();
+    let discovery = format!("file:{}", path.display());
+    let proxima = Proxima::start_under(
+        &["prlimit", "--nofile=160", "--"],
+        &["run", "--discovery", &discovery, "--node-name", "worker-1"],
+        &[],
+    )
+    .await;
+    let mut flood = Vec::new();
+    for _ in 0..400 {
+        if let Ok(stream) = TcpStream::connect(proxima.proxy).await {
+            flood.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let health = get(
+        &client(),
+        &format!("http://{}/healthz", proxima.admin),
+        None,
+    )
+    .await;
+    assert_eq!(health.status, StatusCode::OK);
+    // The topology file is still read: a new service appears.
+    std::fs::write(
+        &path,
+        topology(&[("api", pod), ("other", other)], "timeout: 10s"),
+    )
+    .unwrap();
+    eventually("the reloaded topology", || async {
+        let pools = admin_text(proxima.admin, "/debug/pools?service=other").await;
+        pools.contains("other-0").then_some(())
+    })
+    .await;
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"shed\"}"
+        ) >= 300.0,
+        "{metrics}"
+    );
+    assert!(
+        !proxima.logs().contains("Too many open files"),
+        "{}",
+        proxima.logs()
+    );
+    drop(flood);
+    let reply = eventually("a request once the flood is gone", || async {
+        exchange(
+            proxima.proxy,
+            b"GET / HTTP/1.1\r\nhost: other\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .filter(|r| r.status == 200)
+    })
+    .await;
+    assert_eq!(reply.body, b"other");
+}
+
+// ---- 8. how services are named ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_names_from_headers_hosts_and_absolute_uris() {
+    let dir = TempDir::new("naming");
+    let api = raw_backend(None, |_, _| (ok("api", ""), false)).await;
+    let web = raw_backend(None, |_, _| (ok("web", ""), false)).await;
+    let proxima = start(&dir, &[("api", api), ("web", web)], &[]).await;
+    let proxy = proxima.proxy;
+
+    // An invalid x-service is echoed in part only.
+    let junk = "a!".repeat(2500);
+    let request =
+        format!("GET / HTTP/1.1\r\nhost: api\r\nconnection: close\r\nx-service: {junk}\r\n\r\n");
+    let reply = exchange(proxy, request.as_bytes()).await.expect("answer");
+    assert_eq!(reply.status, 400);
+    assert!(reply.body.len() < 600, "{} bytes echoed", reply.body.len());
+
+    // The absolute-form URI's authority wins over Host.
+    let reply = exchange(
+        proxy,
+        b"GET http://web.default/ HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(
+        (reply.status, reply.body.as_slice()),
+        (200, b"web".as_slice())
+    );
+    // ... and only services of the topology are reachable through it.
+    let reply = exchange(
+        proxy,
+        b"GET http://example.com/ HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(reply.status, 404, "{reply:?}");
+    let reply = exchange(
+        proxy,
+        b"GET http://nope.default:80/ HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(reply.status, 404, "{reply:?}");
+
+    // A Host that names the machine names no service.
+    for host in [
+        "localhost",
+        "localhost:8080",
+        "127.0.0.1",
+        "127.0.0.1:8080",
+        "[::1]:8080",
+    ] {
+        let request = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        let reply = exchange(proxy, request.as_bytes()).await.expect("answer");
+        assert_eq!(reply.status, 400, "{host}: {reply:?}");
+        let json = reply.json();
+        assert_eq!(json["error"], "no service named", "{host}: {json}");
+        assert!(
+            json["detail"]
+                .as_str()
+                .unwrap()
+                .contains("name the service"),
+            "{host}: {json}"
+        );
+    }
+}
