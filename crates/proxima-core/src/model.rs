@@ -184,6 +184,9 @@ pub struct Node {
 /// Endpoint updates are keyed by [`EndpointId`]: an endpoint whose id and IP stay keeps
 /// its estimator and cooldown state, whatever else changes (conditions, node, port); a
 /// new IP under the same id starts with fresh state.
+// Updates are discovery events (a few per second at most), moved once into the router;
+// boxing the service spec would only add an allocation to every producer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Update {
     /// Replace everything; state of endpoints that remain (same service, id and IP) is
