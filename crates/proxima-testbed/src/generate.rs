@@ -7,7 +7,8 @@
 //! between regions), `services` services, each with its own SLO and percentile and
 //! three to five instances on random nodes (one of them joining later), an open-loop
 //! client per service and region, and a timeline that uses every event kind once, in
-//! an order that is valid by construction: an overload and its reset, a join, a region
+//! an order that is valid by construction: an overload and its reset, a burst of 503
+//! errors from that instance and its end, a join, a region
 //! flap and its reset, a blackhole and its reset, a node loss and its return, a leave, a
 //! failure and a usage change. The same arguments give the same file.
 
@@ -244,7 +245,14 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
             "{{ overload: {{ instance: {overloaded}, add: {add}ms }} }}"
         )],
     );
-    event("join", t(0.18), &[format!("{{ join: {joiner} }}")]);
+    event(
+        "join",
+        t(0.18),
+        &[
+            format!("{{ join: {joiner} }}"),
+            format!("{{ errors: {{ instance: {overloaded}, status: 503 }} }}"),
+        ],
+    );
     event(
         "flap",
         t(0.26),
@@ -257,6 +265,7 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
         t(0.34),
         &[
             format!("{{ reset: {{ instance: {overloaded} }} }}"),
+            format!("{{ errors: {{ instance: {overloaded}, status: off }} }}"),
             format!("{{ reset: {{ between: [{flap_a}, {flap_b}] }} }}"),
         ],
     );
@@ -347,6 +356,7 @@ mod tests {
             );
             assert!(has(&|a| matches!(a, Action::NodeUp(_))), "seed {seed}");
             assert!(has(&|a| matches!(a, Action::Usage { .. })), "seed {seed}");
+            assert!(has(&|a| matches!(a, Action::Errors { .. })), "seed {seed}");
             for change in [
                 LinkChange::Blackhole,
                 LinkChange::Reset,

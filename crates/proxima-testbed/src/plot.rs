@@ -243,7 +243,11 @@ fn instances(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), Test
             .max()
             .unwrap_or(1)
     });
-    let width = (300 + widest as u32 * (30 + 16 * runs.len() as u32)).clamp(900, 2400);
+    // Wide enough for the longest caption (the failures per strategy) as well.
+    let caption_px = runs.iter().map(|r| r.label.len() + 8).sum::<usize>() + 80;
+    let width = (300 + widest as u32 * (30 + 16 * runs.len() as u32))
+        .max(caption_px as u32 * 9)
+        .clamp(900, 3000);
     let panel = 420;
     let root = BitMapBackend::new(path, (width, 40 + panel * services.len().max(1) as u32))
         .into_drawing_area();
