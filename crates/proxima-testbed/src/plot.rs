@@ -263,17 +263,7 @@ fn instances(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), Test
     let panels = body.split_evenly((services.len().max(1), 1));
     for (k, (service, area)) in services.iter().zip(&panels).enumerate() {
         // Instances that never answered in any run (e.g. never started) are no bars.
-        let names: Vec<String> = runs[0].services[k]
-            .all
-            .per_instance
-            .iter()
-            .filter(|(n, _)| n != ERROR_BUCKET)
-            .filter(|(n, _)| {
-                runs.iter()
-                    .any(|r| count(&r.services[k].all.per_instance, n) > 0)
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = answering_instances(runs, k, runs[0]);
         let series: Vec<(String, Vec<f64>)> = runs
             .iter()
             .map(|r| {
@@ -305,6 +295,22 @@ fn instances(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), Test
         bars(area, &caption, "requests", &names, &series, top)?;
     }
     root.present().map_err(err)
+}
+
+/// The instances of service `k`, in `run`'s order, that answered in at least one of `runs`
+/// (the error bucket is no instance).
+fn answering_instances(runs: &[&RunReport], k: usize, run: &RunReport) -> Vec<String> {
+    run.services[k]
+        .all
+        .per_instance
+        .iter()
+        .filter(|(n, _)| n != ERROR_BUCKET)
+        .filter(|(n, _)| {
+            runs.iter()
+                .any(|r| count(&r.services[k].all.per_instance, n) > 0)
+        })
+        .map(|(n, _)| n.clone())
+        .collect()
 }
 
 fn count(per_instance: &[(String, u64)], name: &str) -> u64 {
@@ -371,17 +377,7 @@ fn phases(path: &Path, runs: &[&RunReport], variant: &str) -> Result<(), Testbed
             let lengths = phase_lengths(run);
             let svc = &run.services[k];
             // No series for an instance that never answered in any run.
-            let names: Vec<String> = svc
-                .all
-                .per_instance
-                .iter()
-                .filter(|(n, _)| n != ERROR_BUCKET)
-                .filter(|(n, _)| {
-                    runs.iter()
-                        .any(|r| count(&r.services[k].all.per_instance, n) > 0)
-                })
-                .map(|(n, _)| n.clone())
-                .collect();
+            let names = answering_instances(runs, k, run);
             let groups: Vec<String> = lengths.iter().map(|(n, _)| n.clone()).collect();
             let series = names
                 .iter()
