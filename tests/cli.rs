@@ -282,7 +282,7 @@ async fn sigterm_lets_a_slow_request_finish_and_exits_zero() {
         async move { get(&http, &format!("http://{proxy}/slow"), Some("dps")).await }
     });
     eventually("the request reaches the pod", || async {
-        (slow.hits() == 1).then_some(())
+        (slow.client_hits() == 1).then_some(())
     })
     .await;
 

@@ -760,7 +760,7 @@ async fn not_ready_endpoints_never_receive_traffic() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(starting.hits(), 0);
     assert_eq!(terminating.hits(), 0);
-    assert_eq!(ready.hits(), 40);
+    assert_eq!(ready.client_hits(), 40);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -783,7 +783,7 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_refuses_new_connectio
     let in_flight =
         tokio::spawn(async move { get(&client, &url, &[("x-service", "api.shop")]).await });
     eventually("request reached the pod", Duration::from_secs(10), || {
-        slow.hits() == 1
+        slow.client_hits() == 1
     })
     .await;
 
@@ -825,7 +825,7 @@ async fn requests_still_running_after_the_grace_period_are_cut_off() {
         .expect("request");
     let in_flight = tokio::spawn(async move { client.request(req).await });
     eventually("request reached the pod", Duration::from_secs(10), || {
-        stuck.hits() == 1
+        stuck.client_hits() == 1
     })
     .await;
     proxy.begin_shutdown();

@@ -177,6 +177,10 @@ pub struct EndpointState {
     ramp_start: AtomicU64,
     /// Out of the pool for consecutive failures (counted against the service's cap).
     failure_ejected: AtomicBool,
+    /// Whether any outcome (traffic or probe) has ever been stored for it.
+    measured: AtomicBool,
+    /// Added to a service already measured: out of the pool until first measured.
+    held_until_probed: AtomicBool,
 }
 
 /// What the caller knows about an outcome beyond the outcome itself.
@@ -243,6 +247,8 @@ impl EndpointState {
             needs_baseline: AtomicBool::new(true),
             ramp_start: AtomicU64::new(0),
             failure_ejected: AtomicBool::new(false),
+            measured: AtomicBool::new(false),
+            held_until_probed: AtomicBool::new(false),
         }
     }
 
@@ -357,6 +363,23 @@ impl EndpointState {
         self.warming.load(Ordering::Relaxed)
     }
 
+    /// Whether any outcome has ever been stored for it (see [`ServiceRoute::pool`]).
+    ///
+    /// [`ServiceRoute::pool`]: crate::router::ServiceRoute::pool
+    pub fn measured(&self) -> bool {
+        self.measured.load(Ordering::Relaxed)
+    }
+
+    /// Keep it out of a pool with measured members until it has been measured.
+    pub(crate) fn hold_until_probed(&self) {
+        self.held_until_probed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it joined a measured service and has not been measured since.
+    pub fn held_until_probed(&self) -> bool {
+        self.held_until_probed.load(Ordering::Relaxed) && !self.measured()
+    }
+
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
@@ -442,6 +465,7 @@ impl EndpointState {
         if obs.from_probe {
             stats.probe_in_flight = false;
         }
+        self.measured.store(true, Ordering::Relaxed);
         self.advance(&mut stats, now, settings, Some(good), obs)
     }
 
@@ -467,6 +491,7 @@ impl EndpointState {
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
         stats.estimator.record_failure(now);
+        self.measured.store(true, Ordering::Relaxed);
         self.advance(&mut stats, now, settings, None, obs)
     }
 
@@ -690,15 +715,26 @@ impl EndpointState {
     }
 
     /// Claim a background probe if one is due; the caller must report its outcome.
-    pub(crate) fn claim_probe(&self, now: Instant) -> bool {
+    /// Due: an evicted endpoint at its scheduled time, or a warming one never measured
+    /// when `first_probe` (it waits outside the pool for that probe).
+    pub(crate) fn claim_probe(&self, now: Instant, first_probe: bool) -> bool {
         let mut stats = self.lock();
-        match (stats.admission, stats.next_probe) {
-            (Admission::Evicted { .. }, Some(at)) if at <= now && !stats.probe_in_flight => {
-                stats.probe_in_flight = true;
-                true
-            }
+        let due = match (stats.admission, stats.next_probe) {
+            (Admission::Evicted { .. }, Some(at)) => at <= now,
+            (Admission::Warming, _) => first_probe && !self.measured(),
             _ => false,
+        };
+        if due && !stats.probe_in_flight {
+            stats.probe_in_flight = true;
+            true
+        } else {
+            false
         }
+    }
+
+    /// Whether a latency eviction is being withheld for a stall of the proxy.
+    pub(crate) fn kept_during_stall(&self) -> bool {
+        self.lock().kept_during_stall
     }
 
     /// Give up a claimed probe without an outcome (e.g. shutting down).

@@ -187,6 +187,10 @@ fn explain_route(
                             ms(s.latency_slo)
                         )
                     }
+                    Admission::Warming if !in_pool && route.awaiting_first_probe(i) => format!(
+                        "new and not yet measured while the pool has measured members: waits out of the pool for a first probe within the {}ms SLO",
+                        ms(s.latency_slo)
+                    ),
                     Admission::Warming => format!(
                         "warming up: {}/{} fresh samples, initial estimate assumes it meets the SLO",
                         prediction.samples, s.qos_pool.min_samples

@@ -71,7 +71,14 @@ impl ServiceRoute {
         &self.retry_budget
     }
 
-    /// Indices of the eligible endpoints in the QoS pool (warming or admitted).
+    /// Indices of the eligible endpoints in the QoS pool (warming or admitted). An
+    /// endpoint added to a service whose pods are already measured is not in it until
+    /// a first background probe has answered within the SLO (as Envoy's
+    /// `ignore_new_hosts_until_first_hc`), so that a new pod that cannot meet the SLO
+    /// never costs a client request, as long as the pool has a measured member to
+    /// serve meanwhile. The endpoints of a new service are tried on the initial
+    /// estimate (QEdgeProxy §III-A, event 1); every new endpoint gets its first probe at
+    /// once either way ([`Router::due_probes`]).
     pub fn pool(&self) -> arc_swap::Guard<Arc<Vec<usize>>> {
         self.pool.load()
     }
@@ -89,13 +96,18 @@ impl ServiceRoute {
     /// warming ones whose node is already too far away (see [`Self::too_far`]). Members
     /// that just joined get their spreading counter level with the others'.
     fn refresh_pool(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
-        let pool: Vec<usize> = self
+        let candidates: Vec<usize> = self
             .eligible
             .iter()
             .copied()
             .filter(|&i| {
                 self.endpoints[i].state.in_pool() && self.too_far(i, env, local_node, now).is_none()
             })
+            .collect();
+        let probe_first = self.awaits_first_probe(&candidates);
+        let pool: Vec<usize> = candidates
+            .into_iter()
+            .filter(|&i| !(probe_first && self.endpoints[i].state.held_until_probed()))
             .collect();
         let baseline = pool
             .iter()
@@ -107,6 +119,21 @@ impl ServiceRoute {
             self.endpoints[i].state.join_baseline(baseline);
         }
         self.pool.store(Arc::new(pool));
+    }
+
+    /// Whether never-measured members of `candidates` wait for a first probe: the
+    /// strategy probes, and some candidate has been measured (see [`Self::pool`]).
+    fn awaits_first_probe(&self, candidates: &[usize]) -> bool {
+        self.strategy.probes_evicted()
+            && candidates
+                .iter()
+                .any(|&i| self.endpoints[i].state.measured())
+    }
+
+    /// Whether the endpoint at `index` is kept out of the pool until its first probe.
+    pub fn awaiting_first_probe(&self, index: usize) -> bool {
+        let state = &self.endpoints[index].state;
+        state.warming() && state.held_until_probed() && !self.pool().contains(&index)
     }
 
     /// How many of the eligible endpoints may be out for consecutive failures at once:
@@ -272,6 +299,9 @@ pub struct Router {
     ejection: Mutex<()>,
     /// When the data plane last reported a stall of its own (ns after `epoch`; 0: never).
     last_stall: AtomicU64,
+    /// Set when a latency eviction was withheld for a stall: once the stall is out of
+    /// memory, [`Router::due_probes`] re-judges those endpoints on their evidence.
+    kept_for_stall: AtomicBool,
 }
 
 /// How long after a measured stall the pool's last member is not evicted for latency.
@@ -293,6 +323,7 @@ impl Router {
             epoch: Instant::now(),
             ejection: Mutex::new(()),
             last_stall: AtomicU64::new(0),
+            kept_for_stall: AtomicBool::new(false),
         }
     }
 
@@ -455,10 +486,19 @@ impl Router {
         states.retain(|(id, ip), _| wanted.get(id).is_some_and(|e| e.ip == *ip));
         let settings_changed = previous.is_none_or(|p| p.spec.settings != spec.settings);
         let mut endpoints = Vec::with_capacity(wanted.len());
+        // An endpoint added to a service already measured waits for its first probe
+        // (see `ServiceRoute::pool`); those of a new service are tried at once.
+        let service_measured = states.values().any(|s| s.measured());
         for (id, endpoint) in wanted {
             let state = states
                 .entry((id.clone(), endpoint.ip))
-                .or_insert_with(|| Arc::new(EndpointState::new(&spec.settings, self.epoch)))
+                .or_insert_with(|| {
+                    let state = EndpointState::new(&spec.settings, self.epoch);
+                    if service_measured {
+                        state.hold_until_probed();
+                    }
+                    Arc::new(state)
+                })
                 .clone();
             if settings_changed {
                 state.reevaluate(now, &spec.settings, previous.is_some());
@@ -652,7 +692,11 @@ impl Router {
             // Never let noise empty a pool that was healthy a moment ago: while the
             // proxy has just measured a stall of its own, the last member stays.
             let pool = route.pool();
-            pool.len() == 1 && pool[0] == picked.index && self.stalled_recently(now)
+            let keep = pool.len() == 1 && pool[0] == picked.index && self.stalled_recently(now);
+            if keep {
+                self.kept_for_stall.store(true, Ordering::Relaxed);
+            }
+            keep
         };
         let obs = Observation {
             from_probe: false,
@@ -661,8 +705,9 @@ impl Router {
             may_eject: &may_eject,
             keep_in_pool: &keep_in_pool,
         };
+        let was_measured = state.measured();
         let change = run(state, obs);
-        if change.is_some() {
+        if change.is_some() || was_measured != state.measured() {
             self.refresh_pool(route.key(), now);
         }
         change
@@ -677,9 +722,11 @@ impl Router {
         }
     }
 
-    /// Claim the background probes due at `now` (evicted endpoints of services whose
-    /// strategy needs them).
+    /// Claim the background probes due at `now` for services whose strategy probes:
+    /// evicted endpoints on their schedule, and new endpoints never measured (one first
+    /// probe each).
     pub fn due_probes(&self, now: Instant) -> Vec<ProbeTicket> {
+        self.rejudge_after_stall(now);
         let table = self.table.load();
         let mut due = Vec::new();
         for route in table.services.values() {
@@ -688,15 +735,21 @@ impl Router {
             }
             let settings = route.settings();
             let port_name = resolve_port(route, None).unwrap_or("");
+            let env = self.environment.load();
             for &i in route.eligible() {
                 let ep = &route.endpoints[i];
-                if ep.state.in_pool() {
+                // Every new endpoint is probed at once, so that one which cannot meet
+                // the SLO is usually known before a client request would try it.
+                let first_probe = ep.state.warming()
+                    && !ep.state.measured()
+                    && route.too_far(i, &env, self.local_node(), now).is_none();
+                if ep.state.in_pool() && !first_probe {
                     continue;
                 }
                 let Some(port) = ep.endpoint.port(port_name) else {
                     continue;
                 };
-                if ep.state.claim_probe(now) {
+                if ep.state.claim_probe(now, first_probe) {
                     due.push(ProbeTicket {
                         service: route.key().clone(),
                         id: ep.endpoint.id.clone(),
@@ -714,6 +767,28 @@ impl Router {
         due
     }
 
+    /// An endpoint kept in the pool only because the proxy had just stalled is judged
+    /// on its evidence once the stall is out of memory, without waiting for traffic.
+    fn rejudge_after_stall(&self, now: Instant) {
+        if !self.kept_for_stall.load(Ordering::Relaxed) || self.stalled_recently(now) {
+            return;
+        }
+        self.kept_for_stall.store(false, Ordering::Relaxed);
+        let table = self.table.load();
+        for route in table.services.values() {
+            let mut changed = false;
+            for &i in route.eligible() {
+                let state = &route.endpoints[i].state;
+                if state.in_pool() && state.kept_during_stall() {
+                    changed |= state.reevaluate(now, route.settings(), false).is_some();
+                }
+            }
+            if changed {
+                self.refresh_pool(route.key(), now);
+            }
+        }
+    }
+
     /// Report a probe's outcome. Returns the pool change it caused, if any.
     pub fn finish_probe(
         &self,
@@ -722,11 +797,12 @@ impl Router {
         outcome: Outcome,
     ) -> Option<PoolChange> {
         ticket.done = true;
+        let was_measured = ticket.state.measured();
         let change =
             ticket
                 .state
                 .observe(now, outcome, &ticket.settings, &Observation::plain(true));
-        if change.is_some() {
+        if change.is_some() || was_measured != ticket.state.measured() {
             self.refresh_pool(&ticket.service, now);
         }
         change

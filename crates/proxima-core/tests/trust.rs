@@ -766,3 +766,107 @@ fn the_spread_is_even_for_closed_loop_clients_too() {
     }
     assert!(max_over_min(&counts) <= 1.2, "{counts:?}");
 }
+
+#[test]
+fn a_pod_kept_for_a_stall_is_judged_once_the_stall_is_over_without_new_traffic() {
+    let t0 = Instant::now();
+    let r = router(1, &[("latency-slo", "80ms")], t0);
+    let mut rng = SmallRng::seed_from_u64(17);
+    r.note_stall(t0);
+    for i in 0..5 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(150)));
+    }
+    assert_eq!(pool(&r), ["pod-0"], "kept while the proxy had just stalled");
+    // No traffic at all afterwards: the background tick re-judges it.
+    assert!(r.due_probes(t0 + ms(100)).is_empty());
+    assert_eq!(pool(&r), ["pod-0"], "still within the stall memory");
+    let after = t0 + proxima_core::router::STALL_MEMORY + ms(100);
+    let _ = r.due_probes(after);
+    assert!(
+        pool(&r).is_empty(),
+        "judged on its misses once the stall is forgotten"
+    );
+    let e = explain(&r, after, "pod-0");
+    assert!(e.reason.starts_with("evicted for latency"), "{}", e.reason);
+}
+
+/// Add `pod-new` (at `addr(n)`) to the service of `router(n, ..)`.
+fn add_pod(r: &Router, n: usize, now: Instant) {
+    r.apply(
+        [Update::UpsertEndpoint {
+            service: key(),
+            endpoint: Endpoint::new("pod-new", addr(n)).on_node("node-new"),
+        }],
+        now,
+    );
+}
+
+#[test]
+fn a_new_pod_joins_a_measured_pool_only_after_a_first_probe_within_the_slo() {
+    let slo = [("latency-slo", "80ms")];
+    let t0 = Instant::now();
+    let r = router(2, &slo, t0);
+    let mut rng = SmallRng::seed_from_u64(19);
+    // A fresh service: its pods are tried on the initial estimate, and probed once each.
+    let first: Vec<String> = r.due_probes(t0).into_iter().map(|t| t.id.clone()).collect();
+    assert_eq!(
+        first.len(),
+        2,
+        "every new pod gets a first probe: {first:?}"
+    );
+    for i in 0..20 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
+    }
+    // A pod that is always slow joins: no client request reaches it, its probe says no.
+    let t = t0 + ms(100);
+    add_pod(&r, 2, t);
+    assert_eq!(pool(&r), ["pod-0", "pod-1"]);
+    let e = explain(&r, t, "pod-new");
+    assert!(!e.in_pool && e.reason.contains("first probe"), "{e:?}");
+    let tickets = r.due_probes(t);
+    assert_eq!(tickets.len(), 1, "only the new pod is probed");
+    assert_eq!(tickets[0].id, "pod-new");
+    assert!(r.due_probes(t).is_empty(), "one first probe at a time");
+    for i in 0..50 {
+        let (id, _) = request(&r, t + ms(i), &mut rng, &|_| ok(ms(10)));
+        assert_ne!(id, "pod-new", "a client request went to the unprobed pod");
+    }
+    let ticket = tickets.into_iter().next().unwrap();
+    r.finish_probe(ticket, t + ms(300), ok(ms(300)));
+    assert_eq!(pool(&r), ["pod-0", "pod-1"]);
+    assert!(explain(&r, t + ms(300), "pod-new").out_because.is_some());
+    // A good new pod joins as soon as its first probe answers within the SLO.
+    let r = router(2, &slo, t0);
+    for i in 0..20 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
+    }
+    add_pod(&r, 2, t);
+    let ticket = r
+        .due_probes(t)
+        .into_iter()
+        .find(|p| p.id == "pod-new")
+        .expect("a first probe of the new pod");
+    r.finish_probe(ticket, t + ms(10), ok(ms(10)));
+    assert_eq!(pool(&r), ["pod-0", "pod-1", "pod-new"]);
+    let mut to_new = 0;
+    for i in 0..30 {
+        let (id, _) = request(&r, t + ms(20 + i), &mut rng, &|_| ok(ms(10)));
+        to_new += usize::from(id == "pod-new");
+    }
+    assert!(
+        to_new >= 5,
+        "the probed pod takes its share: {to_new} of 30"
+    );
+}
+
+#[test]
+fn without_a_measured_member_new_pods_still_take_traffic_on_the_initial_estimate() {
+    let t0 = Instant::now();
+    let r = router(3, &[("latency-slo", "80ms")], t0);
+    let mut rng = SmallRng::seed_from_u64(23);
+    // Probes in flight and unanswered: the first requests are not held back.
+    assert_eq!(r.due_probes(t0).len(), 3);
+    assert_eq!(pool(&r), ["pod-0", "pod-1", "pod-2"]);
+    let (_, reason) = request(&r, t0, &mut rng, &|_| ok(ms(10)));
+    assert!(matches!(reason, Reason::Pool), "{reason:?}");
+}

@@ -168,6 +168,8 @@ struct Shared {
     workers: Option<Semaphore>,
     cpu: Option<Cpu>,
     hits: AtomicU64,
+    /// Of `hits`, the proxy's background probes (marked `x-proxima-probe`).
+    probe_hits: AtomicU64,
     aborted: AtomicBool,
     /// The status every request gets at once while failing; 0 when not failing.
     failing: AtomicU16,
@@ -244,6 +246,7 @@ impl Backend {
             workers: config.workers.map(|n| Semaphore::new(n.max(1))),
             cpu: config.cpu,
             hits: AtomicU64::new(0),
+            probe_hits: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             failing: AtomicU16::new(0),
         });
@@ -322,6 +325,11 @@ impl Backend {
     /// Number of requests received so far (including `/reset`).
     pub fn hits(&self) -> u64 {
         self.shared.hits.load(Ordering::Relaxed)
+    }
+
+    /// Requests received so far that were not the proxy's background probes.
+    pub fn client_hits(&self) -> u64 {
+        self.hits() - self.shared.probe_hits.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, lets in-flight requests finish (up to 5 s), closes
@@ -426,6 +434,9 @@ async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, NoResponse> {
+    if request.headers().contains_key("x-proxima-probe") {
+        shared.probe_hits.fetch_add(1, Ordering::Relaxed);
+    }
     shared.hits.fetch_add(1, Ordering::Relaxed);
     if let Ok(status) = StatusCode::from_u16(shared.failing.load(Ordering::Relaxed)) {
         let mut response = plain(status, "failing (emulated)\n");
