@@ -110,11 +110,59 @@ pub struct Changes {
     pub problems: Vec<SettingProblem>,
 }
 
-/// A list in progress: the objects seen since `Init`.
-enum Relist {
-    Services(BTreeMap<ServiceKey, ServiceInfo>),
-    Slices(BTreeMap<SliceKey, SliceInfo>),
-    Nodes(BTreeMap<String, Node>),
+/// Lists in progress of one kind: per stream, the objects seen since its `Init`, handed
+/// over whole at its `InitDone` (the buffer of kube-rs' reflector `Writer`). One per
+/// kind, so the relist rule is written once for all three.
+struct Relists<K, V> {
+    buffers: BTreeMap<Stream, BTreeMap<K, V>>,
+}
+
+impl<K, V> Default for Relists<K, V> {
+    fn default() -> Self {
+        Self {
+            buffers: BTreeMap::new(),
+        }
+    }
+}
+
+/// A watch event after the list bookkeeping: what a kind's handler acts on.
+enum Step<T, K, V> {
+    Apply(T),
+    Delete(T),
+    /// A list finished: every object it listed (that converted), replacing the
+    /// stream's objects.
+    Listed(BTreeMap<K, V>),
+    /// `Init` or `InitApply`: buffered, nothing to do yet.
+    Buffered,
+}
+
+impl<K: Ord, V> Relists<K, V> {
+    /// Buffer `Init`/`InitApply` events of `stream` (objects that `convert` rejects are
+    /// left out) and pass the others on. An `InitApply` without its `Init` starts the
+    /// buffer; an `InitDone` without one lists nothing.
+    fn step<T>(
+        &mut self,
+        stream: &Stream,
+        event: Event<T>,
+        convert: impl FnOnce(&T) -> Option<(K, V)>,
+    ) -> Step<T, K, V> {
+        match event {
+            Event::Apply(object) => Step::Apply(object),
+            Event::Delete(object) => Step::Delete(object),
+            Event::Init => {
+                self.buffers.insert(stream.clone(), BTreeMap::new());
+                Step::Buffered
+            }
+            Event::InitApply(object) => {
+                let buffer = self.buffers.entry(stream.clone()).or_default();
+                if let Some((key, value)) = convert(&object) {
+                    buffer.insert(key, value);
+                }
+                Step::Buffered
+            }
+            Event::InitDone => Step::Listed(self.buffers.remove(stream).unwrap_or_default()),
+        }
+    }
 }
 
 /// What the router was last given.
@@ -130,7 +178,9 @@ pub struct Index {
     namespaces: Vec<String>,
     streams: Vec<Stream>,
     synced_streams: BTreeSet<Stream>,
-    relists: BTreeMap<Stream, Relist>,
+    service_lists: Relists<ServiceKey, ServiceInfo>,
+    slice_lists: Relists<SliceKey, SliceInfo>,
+    node_lists: Relists<String, Node>,
     services: BTreeMap<ServiceKey, ServiceInfo>,
     slices: BTreeMap<SliceKey, SliceInfo>,
     slices_by_service: BTreeMap<ServiceKey, BTreeSet<SliceKey>>,
@@ -148,7 +198,9 @@ impl Index {
             opt_in: config.opt_in,
             namespaces: config.namespaces,
             synced_streams: BTreeSet::new(),
-            relists: BTreeMap::new(),
+            service_lists: Relists::default(),
+            slice_lists: Relists::default(),
+            node_lists: Relists::default(),
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
             slices_by_service: BTreeMap::new(),
@@ -216,8 +268,12 @@ impl Index {
         changes: &mut Changes,
     ) {
         let stream = stream(Kind::Service, namespace);
-        match event {
-            Event::Apply(service) => {
+        let opt_in = &self.opt_in;
+        let step = self.service_lists.step(&stream, event, |service| {
+            convert::service_info(service, opt_in)
+        });
+        match step {
+            Step::Apply(service) => {
                 let Some((key, info)) = convert::service_info(&service, &self.opt_in) else {
                     return;
                 };
@@ -228,7 +284,7 @@ impl Index {
                 self.services.insert(key.clone(), info);
                 self.publish_service(&key, changes);
             }
-            Event::Delete(service) => {
+            Step::Delete(service) => {
                 let Some(key) = convert::service_key(&service.metadata) else {
                     return;
                 };
@@ -237,26 +293,8 @@ impl Index {
                 self.reported_by_router.remove(&key);
                 self.publish_service(&key, changes);
             }
-            Event::Init => {
-                self.relists
-                    .insert(stream, Relist::Services(BTreeMap::new()));
-            }
-            Event::InitApply(service) => {
-                let relist = self
-                    .relists
-                    .entry(stream)
-                    .or_insert_with(|| Relist::Services(BTreeMap::new()));
-                if let (Relist::Services(listed), Some((key, info))) =
-                    (relist, convert::service_info(&service, &self.opt_in))
-                {
-                    listed.insert(key, info);
-                }
-            }
-            Event::InitDone => {
-                let listed = match self.relists.remove(&stream) {
-                    Some(Relist::Services(listed)) => listed,
-                    _ => BTreeMap::new(),
-                };
+            Step::Buffered => {}
+            Step::Listed(listed) => {
                 self.services
                     .retain(|key, _| !stream.covers(&key.namespace));
                 for (key, info) in listed {
@@ -281,8 +319,8 @@ impl Index {
         changes: &mut Changes,
     ) {
         let stream = stream(Kind::EndpointSlice, namespace);
-        match event {
-            Event::Apply(slice) => {
+        match self.slice_lists.step(&stream, event, convert::slice_info) {
+            Step::Apply(slice) => {
                 let Some(slice_key) = slice_key(&slice) else {
                     return;
                 };
@@ -300,30 +338,13 @@ impl Index {
                     self.publish_service(&key, changes);
                 }
             }
-            Event::Delete(slice) => {
+            Step::Delete(slice) => {
                 if let Some(key) = slice_key(&slice).and_then(|k| self.remove_slice(&k)) {
                     self.publish_service(&key, changes);
                 }
             }
-            Event::Init => {
-                self.relists.insert(stream, Relist::Slices(BTreeMap::new()));
-            }
-            Event::InitApply(slice) => {
-                let relist = self
-                    .relists
-                    .entry(stream)
-                    .or_insert_with(|| Relist::Slices(BTreeMap::new()));
-                if let (Relist::Slices(listed), Some((key, info))) =
-                    (relist, convert::slice_info(&slice))
-                {
-                    listed.insert(key, info);
-                }
-            }
-            Event::InitDone => {
-                let listed = match self.relists.remove(&stream) {
-                    Some(Relist::Slices(listed)) => listed,
-                    _ => BTreeMap::new(),
-                };
+            Step::Buffered => {}
+            Step::Listed(listed) => {
                 let stale: Vec<SliceKey> = self
                     .slices
                     .keys()
@@ -345,8 +366,11 @@ impl Index {
 
     fn on_node(&mut self, event: Event<core::Node>, changes: &mut Changes) {
         let stream = stream(Kind::Node, None);
-        match event {
-            Event::Apply(node) => {
+        let step = self.node_lists.step(&stream, event, |node| {
+            convert::node(node).map(|node| (node.name.clone(), node))
+        });
+        match step {
+            Step::Apply(node) => {
                 if let Some(node) = convert::node(&node) {
                     self.nodes.insert(node.name.clone(), node.clone());
                     if let Some(emitted) = &mut self.emitted {
@@ -357,7 +381,7 @@ impl Index {
                     }
                 }
             }
-            Event::Delete(node) => {
+            Step::Delete(node) => {
                 if let Some(name) = node.metadata.name {
                     self.nodes.remove(&name);
                     if let Some(emitted) = &mut self.emitted {
@@ -367,23 +391,9 @@ impl Index {
                     }
                 }
             }
-            Event::Init => {
-                self.relists.insert(stream, Relist::Nodes(BTreeMap::new()));
-            }
-            Event::InitApply(node) => {
-                let relist = self
-                    .relists
-                    .entry(stream)
-                    .or_insert_with(|| Relist::Nodes(BTreeMap::new()));
-                if let (Relist::Nodes(listed), Some(node)) = (relist, convert::node(&node)) {
-                    listed.insert(node.name.clone(), node);
-                }
-            }
-            Event::InitDone => {
-                self.nodes = match self.relists.remove(&stream) {
-                    Some(Relist::Nodes(listed)) => listed,
-                    _ => BTreeMap::new(),
-                };
+            Step::Buffered => {}
+            Step::Listed(listed) => {
+                self.nodes = listed;
                 self.listed(stream, changes);
             }
         }
@@ -409,7 +419,8 @@ impl Index {
         Some(info.service)
     }
 
-    /// Return the Service's errors that were not reported before.
+    /// Add the Service's errors that were not reported before to `changes.problems`, and
+    /// remember all its current errors as reported.
     fn report(&mut self, key: &ServiceKey, info: &ServiceInfo, changes: &mut Changes) {
         let before = self.reported.remove(key).unwrap_or_default();
         let new: Vec<SettingError> = info

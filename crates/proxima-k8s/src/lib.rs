@@ -9,9 +9,10 @@
 //!   maps ports by name, routes only opted-in Services (annotation `proxima.io/enabled:
 //!   "true"` or a label selector) and parses settings with
 //!   [`proxima_core::ServiceSettings::from_annotations`].
-//! * [`run`] / [`Discovery`] (thin runtime): kube-runtime watchers with the default
-//!   backoff (a vanished API server is retried, an expired resourceVersion re-lists),
-//!   feeding the index and the router; reports invalid annotations as warnings and
+//! * [`run`] / [`KubeDiscovery`] (thin runtime): kube-runtime watchers with a short
+//!   jittered backoff of about a second at most, not kube-runtime's 30 s default (a
+//!   vanished API server is retried, an expired resourceVersion re-lists), each in a
+//!   `watcher` span, feeding the index and the router; reports invalid annotations as warnings and
 //!   Kubernetes Events (reason `InvalidAnnotation`); exposes API connectivity through
 //!   [`ApiStatus`].
 
@@ -24,7 +25,7 @@ mod selector;
 pub use config::{client, Error, K8sConfig};
 pub use convert::{OptIn, ENABLED_ANNOTATION, SERVICE_NAME_LABEL, ZONE_LABEL};
 pub use index::{Changes, Index, IndexConfig, Kind, SettingProblem, Stream, Watched};
-pub use runtime::{run, ApiStatus, Discovery, EVENT_REASON};
+pub use runtime::{run, ApiStatus, KubeDiscovery, EVENT_REASON};
 pub use selector::{LabelSelector, SelectorError};
 
 /// Re-exported so that callers and tests use the same versions.

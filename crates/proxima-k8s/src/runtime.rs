@@ -1,8 +1,9 @@
 //! The discovery runtime: kube-runtime watchers feeding the [`Index`] and the router.
 //!
 //! One watcher per [`Stream`] (Services and EndpointSlices per namespace, or
-//! cluster-wide; Nodes), each with a jittered backoff capped at 1 s: when the API server
-//! goes away the watchers retry (0.25 s doubling to 1 s, ±50%), resume from their
+//! cluster-wide; Nodes), each with a jittered backoff of about a second at most: when the
+//! API server goes away the watchers retry (0.2 s doubling to 0.7 s, plus 0–100% jitter,
+//! see [`watch_backoff`]), resume from their
 //! resourceVersion when it comes back, and re-list when it has expired (410 Gone). The
 //! streams are merged; whatever is ready is drained into one batch so a burst of events
 //! becomes one router update.
@@ -23,16 +24,16 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
-use kube::runtime::utils::{Backoff, ResetTimerBackoff};
+use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use proxima_core::Router;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, info_span, warn, Span};
 
 use crate::config::{Error, K8sConfig};
 use crate::convert::SERVICE_NAME_LABEL;
-use crate::index::{Index, Kind, SettingProblem, Watched};
+use crate::index::{Index, Kind, SettingProblem, Stream, Watched};
 
 /// `reason` of the Kubernetes Events published for invalid annotations.
 pub const EVENT_REASON: &str = "InvalidAnnotation";
@@ -81,15 +82,15 @@ impl ApiStatus {
     }
 }
 
-/// Kubernetes discovery, ready to [`run`](Discovery::run).
-pub struct Discovery {
+/// Kubernetes discovery, ready to [`run`](KubeDiscovery::run).
+pub struct KubeDiscovery {
     client: Client,
     router: Arc<Router>,
     config: K8sConfig,
     status: ApiStatus,
 }
 
-/// Run discovery until `shutdown` resolves; see [`Discovery::run`].
+/// Run discovery until `shutdown` resolves; see [`KubeDiscovery::run`].
 pub async fn run(
     client: Client,
     router: Arc<Router>,
@@ -97,12 +98,14 @@ pub async fn run(
     on_synced: impl FnOnce() + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
-    Discovery::new(client, router, config)
+    KubeDiscovery::new(client, router, config)
         .run(on_synced, shutdown)
         .await
 }
 
-impl Discovery {
+impl KubeDiscovery {
+    /// Discovery of what `config` selects, read through `client` into `router`;
+    /// nothing is watched until [`run`](Self::run).
     pub fn new(client: Client, router: Arc<Router>, config: K8sConfig) -> Self {
         Self {
             client,
@@ -125,7 +128,7 @@ impl Discovery {
         on_synced: impl FnOnce() + Send + 'static,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
-        let Discovery {
+        let KubeDiscovery {
             client,
             router,
             config,
@@ -169,7 +172,8 @@ impl Discovery {
 
             let mut updates = Vec::new();
             let mut problems = Vec::new();
-            for item in batch {
+            for (watcher_span, item) in batch {
+                let _in_watcher = watcher_span.enter();
                 match item {
                     Ok((namespace, watched)) => {
                         status.set_connected(true, &"watch event");
@@ -221,7 +225,8 @@ impl Discovery {
     }
 }
 
-type WatchItem = Result<(Option<String>, Watched), watcher::Error>;
+/// One item of a watch stream, with the span of the watcher it came from (see [`watch`]).
+type WatchItem = (Span, Result<(Option<String>, Watched), watcher::Error>);
 
 fn watch_streams(client: &Client, index: &Index) -> Vec<BoxStream<'static, WatchItem>> {
     fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -242,30 +247,28 @@ fn watch_streams(client: &Client, index: &Index) -> Vec<BoxStream<'static, Watch
             match s.kind {
                 Kind::Service => watch(
                     scoped(client, &namespace),
-                    namespace,
+                    s,
                     config.clone(),
                     Watched::Service,
                 ),
                 Kind::EndpointSlice => watch(
                     scoped(client, &namespace),
-                    namespace,
+                    s,
                     config.clone().labels(SERVICE_NAME_LABEL),
                     Watched::EndpointSlice,
                 ),
-                Kind::Node => watch(
-                    Api::all(client.clone()),
-                    None,
-                    config.clone(),
-                    Watched::Node,
-                ),
+                Kind::Node => watch(Api::all(client.clone()), s, config.clone(), Watched::Node),
             }
         })
         .collect()
 }
 
+/// The watcher of one stream, with its backoff. Each has a span (`watcher`, with the
+/// stream's `kind` and `namespace`, `*` for all): the watcher's own logs and those about
+/// its events carry it, so a log line says which watch it is about.
 fn watch<K>(
     api: Api<K>,
-    namespace: Option<String>,
+    stream: &Stream,
     config: watcher::Config,
     wrap: fn(watcher::Event<K>) -> Watched,
 ) -> BoxStream<'static, WatchItem>
@@ -277,13 +280,41 @@ where
         + Send
         + 'static,
 {
-    watcher(api, config)
-        .backoff(ResetTimerBackoff::new(
-            WatchBackoff::default(),
-            BACKOFF_RESET,
-        ))
-        .map(move |item| item.map(|event| (namespace.clone(), wrap(event))))
-        .boxed()
+    let namespace = stream.namespace.clone();
+    let span = info_span!(
+        "watcher",
+        kind = ?stream.kind,
+        namespace = namespace.as_deref().unwrap_or("*"),
+    );
+    let events = watcher(api, config)
+        .backoff(watch_backoff())
+        .map(move |item| item.map(|event| (namespace.clone(), wrap(event))));
+    InSpan {
+        inner: events.boxed(),
+        span,
+    }
+    .boxed()
+}
+
+/// A stream polled inside `span`, each item paired with it.
+struct InSpan<S> {
+    inner: S,
+    span: Span,
+}
+
+impl<S: futures_util::Stream + Unpin> futures_util::Stream for InSpan<S> {
+    type Item = (Span, S::Item);
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let span = self.span.clone();
+        let _in_span = span.enter();
+        std::pin::Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|item| item.map(|item| (span.clone(), item)))
+    }
 }
 
 /// Whether a watch error is the API server's 410 Gone for an expired resourceVersion.
@@ -413,75 +444,45 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Retry delays of a failed watch: exponential from 250 ms, capped at 1 s, with ±50%
-/// jitter; reset after two minutes without errors.
+/// Retry delays of a failed watch: exponential from 200 ms, doubling to 700 ms, each
+/// plus a random 0–100% (backon's jitter), so 0.7–1.4 s apart once at the cap; reset
+/// after two minutes without errors.
 ///
 /// kube-runtime's default caps at 30 s, which after an API-server outage delays the
 /// re-list (and so every change made meanwhile) by up to 30 s. A proxy routes on this
 /// state, so it comes back sooner: with a 4 s cap a change made just after the API server
-/// returned took up to 5.5 s to be routed; with 1 s it is routed within about 2 s. While
-/// the API server is down each node retries its three watches about once a second, a
+/// returned took up to 5.5 s to be routed; with about 1 s it is routed within about 2 s.
+/// While the API server is down each node retries its watches about once a second, a
 /// load an unreachable server does not feel; the jitter spreads a DaemonSet's reconnects
 /// so that a returning API server is not hit by every node at once.
-#[derive(Debug, Clone)]
-struct WatchBackoff {
-    next: Duration,
-    /// xorshift state for the jitter (no need for a cryptographic RNG here).
-    seed: u64,
+fn watch_backoff() -> ResetTimerBackoff<watcher::ExponentialBackoff> {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(BACKOFF_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(builder.into(), BACKOFF_RESET)
 }
 
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_millis(700);
 const BACKOFF_RESET: Duration = Duration::from_secs(120);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0x9e37_79b9, |d| d.as_nanos() as u64)
-            | 1;
-        Self {
-            next: BACKOFF_MIN,
-            seed,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let jitter = 0.5 + (self.seed % 1000) as f64 / 1000.0;
-        let delay = self.next.mul_f64(jitter);
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        Some(delay)
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = BACKOFF_MIN;
-    }
-}
 
 #[cfg(test)]
 mod backoff_tests {
+    use kube::runtime::utils::Backoff;
+
     use super::*;
 
     #[test]
     fn watch_backoff_grows_to_its_cap_with_jitter_and_resets() {
-        let mut b = WatchBackoff::default();
+        let mut b = watch_backoff();
         let delays: Vec<Duration> = (&mut b).take(10).collect();
-        assert!(delays[0] >= BACKOFF_MIN / 2 && delays[0] <= BACKOFF_MIN * 3 / 2);
-        assert!(
-            delays.iter().all(|d| *d <= BACKOFF_MAX * 3 / 2),
-            "{delays:?}"
-        );
-        assert!(delays[9] >= BACKOFF_MAX / 2);
+        assert!(delays[0] >= BACKOFF_MIN && delays[0] <= BACKOFF_MIN * 2);
+        assert!(delays.iter().all(|d| *d <= BACKOFF_MAX * 2), "{delays:?}");
+        assert!(delays[9] >= BACKOFF_MAX);
         b.reset();
-        assert!(b.next().unwrap() <= BACKOFF_MIN * 3 / 2);
+        assert!(b.next().unwrap() <= BACKOFF_MIN * 2);
     }
 }

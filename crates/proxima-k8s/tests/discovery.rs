@@ -17,7 +17,7 @@ use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use proxima_core::{PortRef, Router, ServiceKey};
-use proxima_k8s::{ApiStatus, Discovery, K8sConfig, EVENT_REASON};
+use proxima_k8s::{ApiStatus, K8sConfig, KubeDiscovery, EVENT_REASON};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -50,7 +50,7 @@ struct Running {
 impl Running {
     fn start(client: Client, config: K8sConfig) -> Self {
         let router = Arc::new(Router::new(Some("n1".into())));
-        let discovery = Discovery::new(client, router.clone(), config);
+        let discovery = KubeDiscovery::new(client, router.clone(), config);
         let status = discovery.status();
         let synced = Arc::new(AtomicBool::new(false));
         let flag = synced.clone();
