@@ -1,4 +1,5 @@
-//! Command line: `proxima run`, `proxima demo` and `proxima check`.
+//! Command line arguments of `proxima run`, `proxima demo` and `proxima check` (the
+//! commands themselves are dispatched in `main.rs`).
 //!
 //! Every flag of `run` can also be set through an environment variable (shown in
 //! `--help`), which is how a DaemonSet configures the proxy.
@@ -8,7 +9,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -16,8 +16,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use http::HeaderName;
 use proxima_k8s::{K8sConfig, LabelSelector};
 use proxima_proxy::ProxyConfig;
-
-use crate::{demo, logging, run};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -93,7 +91,8 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
-/// Where services and endpoints come from. Parsed from `--discovery`.
+/// Discovery: where services and endpoints come from. Parsed from `--discovery`; the
+/// one name for this idea in flags, types and docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Discovery {
     /// `file:PATH`: a YAML topology file, reloaded when it changes.
@@ -113,7 +112,7 @@ impl FromStr for Discovery {
             }
             None if s == "kube" => Ok(Discovery::Kube),
             _ => Err(format!(
-                "unknown discovery source {s:?}: expected file:PATH (a YAML topology file) or \
+                "unknown discovery {s:?}: expected file:PATH (a YAML topology file) or \
                  kube (the Kubernetes API; choose namespaces with --namespaces)"
             )),
         }
@@ -126,7 +125,7 @@ pub struct RunArgs {
     /// reloading it when it changes (an invalid edit is logged and ignored). `kube`
     /// watches Services, EndpointSlices and Nodes through the Kubernetes API and routes
     /// the Services annotated `proxima.io/enabled: "true"` (see --service-selector).
-    #[arg(long, env = "PROXIMA_DISCOVERY", value_name = "SOURCE")]
+    #[arg(long, env = "PROXIMA_DISCOVERY", value_name = "file:PATH|kube")]
     pub discovery: Discovery,
 
     /// Address the proxy listens on for client requests (HTTP/1.1 and h2c).
@@ -737,65 +736,6 @@ fn parse_header_bytes(value: &str) -> Result<usize, String> {
         .ok()
         .filter(|n| (1024..=1 << 20).contains(n))
         .ok_or_else(|| format!("{value:?}: expected a number of bytes from 1024 to 1048576"))
-}
-
-/// Parse the command line, run the command, and turn its outcome into an exit code:
-/// 0 after a clean shutdown, 1 on an error (after a clear message), 2 on bad flags.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(e) = logging::init(&cli.log) {
-        eprintln!("error: {e:#}");
-        return ExitCode::from(2);
-    }
-    let result = match cli.command {
-        Command::Check(args) => return check(&args),
-        Command::Run(args) => block_on(run::run(args)),
-        Command::Demo(args) => block_on(demo::run(args)),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            logging::fatal(cli.log.log_format, &e);
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn block_on(command: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?
-        .block_on(command)
-}
-
-fn check(args: &CheckArgs) -> ExitCode {
-    let mut ok = true;
-    for path in &args.files {
-        match proxima_discovery::load(path) {
-            Ok(t) => println!(
-                "{}: ok ({} services, {} endpoints, {} nodes)",
-                path.display(),
-                t.service_count(),
-                t.endpoint_count(),
-                t.nodes.len()
-            ),
-            Err(e) => {
-                ok = false;
-                if e.problems().is_empty() {
-                    println!("{e}");
-                }
-                for problem in e.problems() {
-                    println!("{problem}");
-                }
-            }
-        }
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
 }
 
 #[cfg(test)]

@@ -21,9 +21,9 @@ use proxima_emulate::{Backend, BackendConfig};
 use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
 
-use crate::cli::DemoArgs;
+use crate::cli::{DemoArgs, Discovery, KubeArgs};
 use crate::load;
-use crate::run::{serve, Ports, Source};
+use crate::run::{serve, DiscoveryPlan, Ports};
 use crate::shutdown::Shutdown;
 
 /// The built-in demo topology.
@@ -75,6 +75,8 @@ struct EmulatedPod {
     backend: Backend,
 }
 
+/// `proxima demo`: start the emulated pods, write the topology the proxy follows, and
+/// serve until a signal or a failure.
 pub async fn run(args: DemoArgs) -> Result<()> {
     let (source, text) = match &args.topology {
         Some(path) => (
@@ -129,7 +131,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let result = serve(
         ports,
         &args.proxy,
-        &Source::File(file.clone()),
+        DiscoveryPlan {
+            discovery: &Discovery::File(file.clone()),
+            kube: &KubeArgs::default(),
+        },
         router,
         &shutdown,
         |bound| {

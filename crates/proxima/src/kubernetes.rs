@@ -11,7 +11,8 @@
 //! * `proxima_kube_watch_errors_total`: watch failures so far (each is retried).
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,46 +22,62 @@ use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, IntGauge, Registry};
 use proxima_admin::Readiness;
 use proxima_core::Router;
-use proxima_k8s::{ApiStatus, Discovery, K8sConfig};
+use proxima_k8s::{ApiStatus, K8sConfig, KubeDiscovery};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 /// While the first sync has not happened, say so this often.
 const WAITING_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Where the Kubernetes API is and what to watch.
-#[derive(Clone, Debug)]
-pub struct KubeSource {
-    /// `None`: `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
-    pub kubeconfig: Option<PathBuf>,
-    pub config: K8sConfig,
+/// Kubernetes discovery's first full list, still to come.
+pub struct FirstSync {
+    /// Fires once the first full list has reached the router (dropped if discovery
+    /// ends before that).
+    synced: oneshot::Receiver<()>,
+    status: ApiStatus,
 }
 
-/// Discovery started in the background.
-pub struct Started {
-    /// Runs until shutdown; fails only if discovery itself cannot run.
-    pub task: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
-    /// Fires once the first full list has reached the router (dropped if the task ends
-    /// before that).
-    pub synced: oneshot::Receiver<()>,
-    pub status: ApiStatus,
+impl FirstSync {
+    /// Wait for the first sync, logging every [`WAITING_LOG_INTERVAL`] why it is taking
+    /// long. Returns `false` if discovery ended first.
+    pub async fn wait(mut self) -> bool {
+        info!("waiting for the first list of Services, EndpointSlices and Nodes");
+        let mut ticker = tokio::time::interval(WAITING_LOG_INTERVAL);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                result = &mut self.synced => return result.is_ok(),
+                _ = ticker.tick() => warn!(
+                    api_connected = self.status.connected(),
+                    watch_errors = self.status.watch_errors(),
+                    "still waiting for the first Kubernetes sync; the proxy serves once it completes"
+                ),
+            }
+        }
+    }
 }
 
-/// Build the client, register the connectivity metrics in `registry` and prepare the
-/// discovery task. Fails on an unusable configuration (no kubeconfig, bad file); an
+/// The discovery task: runs until `shutdown`; fails only if discovery itself cannot run.
+pub type DiscoveryTask = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// Build the client (from `kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the
+/// in-cluster service account), register the connectivity metrics in `registry` and
+/// prepare the discovery task, which watches as `config` says and marks `readiness` at
+/// its first sync. Fails on an unusable configuration (no kubeconfig, bad file); an
 /// unreachable API server is not an error here, discovery retries it.
 pub async fn start(
-    source: &KubeSource,
+    kubeconfig: Option<&Path>,
+    config: K8sConfig,
     router: Arc<Router>,
     readiness: Readiness,
     registry: &Registry,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<Started> {
+) -> Result<(DiscoveryTask, FirstSync)> {
     // The error's message already includes its cause; `{:#}` would print it twice.
-    let client = proxima_k8s::client(source.kubeconfig.as_deref())
+    let client = proxima_k8s::client(kubeconfig)
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let discovery = Discovery::new(client, router, source.config.clone());
+    let discovery = KubeDiscovery::new(client, router, config);
     let status = discovery.status();
     registry
         .register(Box::new(ApiMetrics::new(status.clone())?))
@@ -76,29 +93,7 @@ pub async fn start(
             .await
             .context("Kubernetes discovery")
     });
-    Ok(Started {
-        task,
-        synced,
-        status,
-    })
-}
-
-/// Wait for the first sync, logging every [`WAITING_LOG_INTERVAL`] why it is taking
-/// long. Returns `false` if discovery ended first.
-pub async fn wait_for_sync(mut synced: oneshot::Receiver<()>, status: &ApiStatus) -> bool {
-    info!("waiting for the first list of Services, EndpointSlices and Nodes");
-    let mut ticker = tokio::time::interval(WAITING_LOG_INTERVAL);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            result = &mut synced => return result.is_ok(),
-            _ = ticker.tick() => warn!(
-                api_connected = status.connected(),
-                watch_errors = status.watch_errors(),
-                "still waiting for the first Kubernetes sync; the proxy serves once it completes"
-            ),
-        }
-    }
+    Ok((task, FirstSync { synced, status }))
 }
 
 /// `proxima_kube_api_connected` and `proxima_kube_watch_errors_total`, refreshed from

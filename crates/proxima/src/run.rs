@@ -17,10 +17,7 @@
 //! the metrics.k8s.io poller. They write into the router's environment and never stop
 //! the proxy: an unreachable peer or API is logged and retried.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,13 +31,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::cli::{Discovery, NodesArgs, ProxyArgs, RunArgs, UsageSource};
-use crate::kube::{self, KubeSource};
+use crate::cli::{Discovery, KubeArgs, NodesArgs, ProxyArgs, RunArgs, UsageSource};
+use crate::kubernetes::{self, DiscoveryTask, FirstSync};
 use crate::shutdown::Shutdown;
 
 /// Time allowed, beyond the proxy's grace period, for the other tasks to stop.
 const STOP_SLACK: Duration = Duration::from_secs(10);
 
+/// `proxima run`: serve on the flags' addresses until a signal or a failure.
 pub async fn run(args: RunArgs) -> Result<()> {
     let shutdown = Shutdown::new();
     shutdown.on_signals();
@@ -49,23 +47,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
         proxy: args.listen,
         admin: args.admin,
     };
-    let source = match &args.discovery {
-        Discovery::File(path) => Source::File(path.clone()),
-        Discovery::Kube => Source::Kube(KubeSource {
-            kubeconfig: args.kube.kubeconfig().map(PathBuf::from),
-            config: args.kube.config(args.proxy.node_name.as_deref()),
-        }),
+    let discovery = DiscoveryPlan {
+        discovery: &args.discovery,
+        kube: &args.kube,
     };
-    serve(ports, &args.proxy, &source, router, &shutdown, |_| {}).await
+    serve(ports, &args.proxy, discovery, router, &shutdown, |_| {}).await
 }
 
-/// Where services come from, with everything needed to follow it.
-#[derive(Clone, Debug)]
-pub enum Source {
-    /// A YAML topology file.
-    File(PathBuf),
-    /// The Kubernetes API.
-    Kube(KubeSource),
+/// Where services come from (`--discovery`), with the settings of Kubernetes discovery
+/// (used only by `--discovery kube`, and by the metrics-server poller).
+#[derive(Clone, Copy, Debug)]
+pub struct DiscoveryPlan<'a> {
+    pub discovery: &'a Discovery,
+    pub kube: &'a KubeArgs,
 }
 
 /// Addresses to listen on, or (once bound) listened on.
@@ -81,43 +75,49 @@ async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr} ({flag})"))
 }
 
-type Task = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
-
-/// Discovery, started: the task that follows changes, and (for sources that sync in
-/// the background) what to wait for before serving.
-struct Started {
-    task: Task,
-    pending: Option<(tokio::sync::oneshot::Receiver<()>, proxima_k8s::ApiStatus)>,
+/// Discovery, started: the task that follows changes, and (for Kubernetes, which syncs
+/// in the background) the first sync to wait for before serving.
+struct RunningDiscovery {
+    task: DiscoveryTask,
+    first_sync: Option<FirstSync>,
 }
 
 /// Start discovery: a file is loaded here (and ready at once); Kubernetes discovery
 /// lists in its task and marks `readiness` when it has synced.
 async fn start_discovery(
-    source: &Source,
+    plan: DiscoveryPlan<'_>,
     router: Arc<Router>,
     readiness: Readiness,
     registry: &prometheus::Registry,
     shutdown: &Shutdown,
-) -> Result<Started> {
-    match source {
-        Source::File(path) => {
+) -> Result<RunningDiscovery> {
+    match plan.discovery {
+        Discovery::File(path) => {
             let (watcher, _) = FileWatcher::open(path, router).map_err(describe)?;
             readiness.mark_synced();
             let task = watcher.run(move || readiness.mark_synced(), shutdown.wait());
-            Ok(Started {
+            Ok(RunningDiscovery {
                 task: Box::pin(async move {
                     task.await;
                     Ok(())
                 }),
-                pending: None,
+                first_sync: None,
             })
         }
-        Source::Kube(kube_source) => {
-            let started =
-                kube::start(kube_source, router, readiness, registry, shutdown.wait()).await?;
-            Ok(Started {
-                task: started.task,
-                pending: Some((started.synced, started.status)),
+        Discovery::Kube => {
+            let config = plan.kube.config(router.local_node());
+            let (task, first_sync) = kubernetes::start(
+                plan.kube.kubeconfig(),
+                config,
+                router,
+                readiness,
+                registry,
+                shutdown.wait(),
+            )
+            .await?;
+            Ok(RunningDiscovery {
+                task,
+                first_sync: Some(first_sync),
             })
         }
     }
@@ -142,7 +142,7 @@ fn describe(error: FileError) -> anyhow::Error {
 pub async fn serve(
     ports: Ports,
     args: &ProxyArgs,
-    source: &Source,
+    discovery: DiscoveryPlan<'_>,
     router: Arc<Router>,
     shutdown: &Shutdown,
     on_ready: impl FnOnce(Ports),
@@ -183,22 +183,22 @@ pub async fn serve(
         }
     });
 
-    let started =
-        match start_discovery(source, router.clone(), readiness, &registry, shutdown).await {
-            Ok(started) => started,
+    let running =
+        match start_discovery(discovery, router.clone(), readiness, &registry, shutdown).await {
+            Ok(running) => running,
             Err(e) => {
                 shutdown.trigger();
                 while tasks.join_next().await.is_some() {}
                 return Err(e);
             }
         };
-    let discovery = started.task;
-    tasks.spawn(async move { ("discovery", discovery.await) });
+    let discovery_task = running.task;
+    tasks.spawn(async move { ("discovery", discovery_task.await) });
     let grace = args.shutdown_grace;
-    if let Some((synced, status)) = started.pending {
+    if let Some(first_sync) = running.first_sync {
         // Serve only once discovery has synced; stop waiting if anything ends first.
         let early = tokio::select! {
-            synced = kube::wait_for_sync(synced, &status) => (!synced).then_some(None),
+            synced = first_sync.wait() => (!synced).then_some(None),
             () = shutdown.wait() => Some(None),
             joined = tasks.join_next() => Some(joined),
         };
@@ -212,7 +212,7 @@ pub async fn serve(
     }
 
     nodes
-        .spawn(args, source, router.clone(), &mut tasks, shutdown)
+        .spawn(args, discovery, router.clone(), &mut tasks, shutdown)
         .await;
     let proxy = Proxy::new(router, metrics, args.config());
     tasks.spawn({
@@ -339,7 +339,7 @@ impl NodeMeasurements {
     async fn spawn(
         self,
         proxy_args: &ProxyArgs,
-        source: &Source,
+        discovery: DiscoveryPlan<'_>,
         router: Arc<Router>,
         tasks: &mut JoinSet<(&'static str, Result<()>)>,
         shutdown: &Shutdown,
@@ -347,13 +347,13 @@ impl NodeMeasurements {
         let args = &proxy_args.nodes;
         let bind = proxy_args.upstream_bind;
         let token = proxy_args.admin.access().token;
-        let kube = match source {
-            Source::Kube(kube) => Some(kube),
-            Source::File(_) => None,
+        let kube = match discovery.discovery {
+            Discovery::Kube => Some(discovery.kube),
+            Discovery::File(_) => None,
         };
         let metrics_server = match (args.usage_source, kube) {
             (UsageSource::Auto | UsageSource::MetricsServer, Some(kube)) => {
-                match proxima_k8s::client(kube.kubeconfig.as_deref()).await {
+                match proxima_k8s::client(kube.kubeconfig()).await {
                     Ok(client) => Some(client),
                     Err(e) => {
                         warn!("node usage: cannot reach metrics.k8s.io ({e}); using peer reports");
