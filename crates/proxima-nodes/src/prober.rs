@@ -38,7 +38,6 @@ use hyper_util::rt::TokioIo;
 use proxima_core::environment::LatencyReading;
 use proxima_core::{Router, Usage};
 use rand::RngCore;
-use tokio::net::{TcpSocket, TcpStream};
 use tracing::{debug, info};
 
 use crate::metrics::NodeGauges;
@@ -161,25 +160,14 @@ pub async fn ping_with(
         .map_err(|_| ProbeError::Timeout(timeout))?
 }
 
-async fn connect(addr: SocketAddr, bind: Option<IpAddr>) -> io::Result<TcpStream> {
-    let Some(local) = bind else {
-        return TcpStream::connect(addr).await;
-    };
-    let socket = if local.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.bind(SocketAddr::new(local, 0))?;
-    socket.connect(addr).await
-}
-
 async fn exchange(
     addr: SocketAddr,
     bind: Option<IpAddr>,
     token: Option<&str>,
 ) -> Result<Answer, ProbeError> {
-    let stream = connect(addr, bind).await.map_err(ProbeError::Connect)?;
+    let stream = proxima_proxy::connect_from(addr, bind)
+        .await
+        .map_err(ProbeError::Connect)?;
     // Small request and reply: do not let Nagle hold them back.
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) =

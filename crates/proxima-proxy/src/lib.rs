@@ -11,7 +11,8 @@
 //! * `server`: listening, HTTP/1.1 + h2c, graceful shutdown ([`serve`]).
 //! * [`target`]: which service a request names.
 //! * `forward`: the request path: pick, connect, send, retry, measure.
-//! * `pool`: upstream connections and their keep-alive pool.
+//! * `pool`: upstream connections and their keep-alive pool; [`connect_from`]: the
+//!   one way out of a bind address, shared with the peer prober of `proxima_nodes`.
 //! * `conn`: client connection timeouts (silent, idle and stalled connections).
 //! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
 //! * [`Metrics`]: Prometheus metrics.
@@ -22,6 +23,7 @@
 mod body;
 mod config;
 mod conn;
+mod connect;
 mod forward;
 mod headers;
 mod metrics;
@@ -41,6 +43,7 @@ pub use prometheus;
 
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
+pub use connect::connect_from;
 pub use metrics::Metrics;
 pub use prober::run_prober;
 pub use server::serve;

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpSocket, TcpStream};
 
 use crate::body::RequestBody;
+use crate::connect::connect_from;
 
 /// A connection to one pod, able to send the next request.
 pub(crate) type Sender = http1::SendRequest<RequestBody>;
@@ -169,7 +169,7 @@ pub(crate) async fn connect(
     bind: Option<IpAddr>,
     max_headers: usize,
 ) -> Result<Sender, ConnectError> {
-    let stream = tokio::time::timeout(timeout, open(addr, bind))
+    let stream = tokio::time::timeout(timeout, connect_from(addr, bind))
         .await
         .map_err(|_| ConnectError::Timeout(timeout))??;
     // Small requests and responses must not wait for Nagle's algorithm.
@@ -185,24 +185,4 @@ pub(crate) async fn connect(
         }
     });
     Ok(sender)
-}
-
-/// A TCP connection to `addr`, bound to `bind` (any port) first when given.
-async fn open(addr: SocketAddr, bind: Option<IpAddr>) -> std::io::Result<TcpStream> {
-    let Some(local) = bind else {
-        return TcpStream::connect(addr).await;
-    };
-    if local.is_ipv4() != addr.is_ipv4() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("upstream {addr} cannot be reached from the bind address {local}"),
-        ));
-    }
-    let socket = if local.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.bind(SocketAddr::new(local, 0))?;
-    socket.connect(addr).await
 }
