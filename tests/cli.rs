@@ -413,3 +413,75 @@ fn check_reports_every_problem_with_its_line() {
         "{out}"
     );
 }
+
+/// Every log line about a request carries its `request` span: which request (`id`),
+/// the service, the endpoint and the attempt, so JSON lines can be joined to it.
+#[tokio::test]
+async fn json_log_lines_carry_the_request_span() {
+    let dir = TempDir::new("spans");
+    let path = dir.0.join("topology.yaml");
+    let a = backend("a").await;
+    let closed = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let down = format!(
+        "  - name: down\n    settings: {{ retries: 0 }}\n    endpoints:\n      - {{ id: gone, address: '{closed}' }}\n"
+    );
+    std::fs::write(&path, format!("{}{down}", topology(&a))).unwrap();
+    let discovery = format!("file:{}", path.display());
+    let mut proxima = Proxima::start(&[
+        "--log-format",
+        "json",
+        "--log-level",
+        "info,proxima_proxy=debug",
+        "run",
+        "--discovery",
+        &discovery,
+    ])
+    .await;
+    let http = client();
+    let url = format!("http://{}/", proxima.proxy);
+    for _ in 0..2 {
+        assert_eq!(get(&http, &url, Some("dps")).await.status, StatusCode::OK);
+    }
+    let refused = get(&http, &url, Some("down")).await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
+    proxima.signal("TERM");
+    assert!(proxima.wait_exit().await.success(), "{}", proxima.logs());
+
+    let lines: Vec<Value> = proxima
+        .logs()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let about = |message: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["message"] == message)
+            .map(|l| &l["span"])
+            .collect()
+    };
+    let forwarded = about("forwarded");
+    assert_eq!(forwarded.len(), 2, "{lines:#?}");
+    for span in &forwarded {
+        assert_eq!(span["name"], "request", "{span}");
+        assert_eq!(span["service"], "dps.default", "{span}");
+        assert_eq!(span["endpoint"], "a", "{span}");
+        assert_eq!(span["attempt"], 1, "{span}");
+    }
+    assert_ne!(forwarded[0]["id"], forwarded[1]["id"], "one id per request");
+    // A failure logged at warn carries the same fields, under the default filter too.
+    let unreachable = about("could not reach endpoint");
+    assert_eq!(unreachable.len(), 1, "{lines:#?}");
+    assert_eq!(unreachable[0]["service"], "down.default");
+    assert_eq!(unreachable[0]["endpoint"], "gone");
+    assert_eq!(unreachable[0]["attempt"], 1);
+    assert!(unreachable[0]["id"].as_u64().is_some());
+    // Lines outside any request have no request span.
+    let ready = lines
+        .iter()
+        .find(|l| l["message"] == "proxima is ready")
+        .expect("ready line");
+    assert!(ready.get("span").is_none(), "{ready}");
+}

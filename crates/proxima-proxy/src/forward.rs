@@ -625,6 +625,7 @@ impl Proxy {
             let endpoint = service.endpoint(&picked.endpoint().id);
             let addr = picked.addr;
 
+            crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
             let stall_start = self.stall.total(attempt_start);
             let sent = attempt(&self.pool, addr, req, deadline, connect_timeout);
             let failed = match self

@@ -15,7 +15,8 @@
 //!   one way out of a bind address, shared with the peer prober of `proxima_nodes`.
 //! * `conn`: client connection timeouts (silent, idle and stalled connections).
 //! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
-//! * [`Metrics`]: Prometheus metrics.
+//! * [`Metrics`]: Prometheus metrics; `spans`: the `request` span every log line about
+//!   a request carries.
 //! * `prober`: background probes ([`run_prober`]).
 //! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
 //!   against the pods.
@@ -31,6 +32,7 @@ mod pool;
 mod prober;
 mod reply;
 mod server;
+mod spans;
 mod stall;
 pub mod target;
 

@@ -24,7 +24,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::forward::{BadTarget, Target};
@@ -382,7 +382,11 @@ fn connection_service(
                     Ok(mut cache) => resolve(&proxy.config, &mut cache, &req),
                     Err(_) => resolve(&proxy.config, &mut TargetCache::default(), &req),
                 };
-                Ok(proxy.clone().forward(req, target, client_ip.clone()))
+                let span = crate::spans::request(&target);
+                Ok(proxy
+                    .clone()
+                    .forward(req, target, client_ip.clone())
+                    .instrument(span))
             }
         };
         async move {

@@ -34,10 +34,14 @@ pub fn init(args: &LogArgs) -> anyhow::Result<()> {
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal())
             .try_init(),
+        // `span`: the innermost span's fields (`request`: id, service, endpoint,
+        // attempt; `watcher`: kind, namespace), so a line can be joined to its request
+        // or watch.
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
-            .with_current_span(false)
+            .with_current_span(true)
+            .with_span_list(false)
             .try_init(),
     };
     installed.map_err(|e| anyhow!("cannot install the logger: {e}"))
