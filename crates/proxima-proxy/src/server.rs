@@ -382,7 +382,8 @@ fn connection_service(
                     Ok(mut cache) => resolve(&proxy.config, &mut cache, &req),
                     Err(_) => resolve(&proxy.config, &mut TargetCache::default(), &req),
                 };
-                let span = crate::spans::request(&target);
+                let named = target.as_ref().map(|t| &*t.key);
+                let span = crate::spans::request(named.map_err(|bad| bad.named.as_str()));
                 Ok(proxy
                     .clone()
                     .forward(req, target, client_ip.clone())

@@ -9,17 +9,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use proxima_core::EndpointId;
+use proxima_core::{EndpointId, ServiceKey};
 use tracing::field::Empty;
 use tracing::{info_span, Span};
-
-use crate::forward::{BadTarget, Target};
 
 /// Requests seen by this process, for the span's `id`.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A new `request` span for a request naming `target` (endpoint and attempt empty).
-pub(crate) fn request(target: &Result<Target, BadTarget>) -> Span {
+/// A new `request` span for a request naming `service`: its key, or (`Err`) what the
+/// client wrote when it names no valid service. Endpoint and attempt start empty.
+pub(crate) fn request(service: Result<&ServiceKey, &str>) -> Span {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let span = info_span!(
         "request",
@@ -29,9 +28,9 @@ pub(crate) fn request(target: &Result<Target, BadTarget>) -> Span {
         attempt = Empty
     );
     if !span.is_disabled() {
-        match target {
-            Ok(target) => span.record("service", tracing::field::display(&target.key)),
-            Err(bad) => span.record("service", bad.named.as_str()),
+        match service {
+            Ok(key) => span.record("service", tracing::field::display(key)),
+            Err(named) => span.record("service", named),
         };
     }
     span
