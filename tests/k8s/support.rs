@@ -1,7 +1,9 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver on free loopback
 //! ports, each cluster with its own temporary data and certificate directory.
 //!
-//! Include it with `#[path = ".../tests/k8s/support.rs"] mod k8s_support;`. Binaries come
+//! Include it with `#[path = ".../tests/k8s/support.rs"] mod k8s_support;` (the testbed's
+//! `--kube` control plane includes it too, so it holds no test-only code: every start
+//! step has a fallible form). Binaries come
 //! from `tests/k8s/provision.sh` (kube-apiserver and kubectl v1.31.4 in
 //! `${PROXIMA_CACHE:-$HOME/.cache/proxima}`, etcd from Debian); the environment variables
 //! `PROXIMA_ETCD`, `PROXIMA_KUBE_APISERVER` and `PROXIMA_KUBECTL` override them. A missing
@@ -37,30 +39,47 @@ pub struct Binaries {
 
 /// Find the binaries, or panic naming the provision script.
 pub fn binaries() -> Binaries {
+    let binaries = find_binaries().unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = present(&binaries.kubectl, "PROXIMA_KUBECTL") {
+        panic!("{e}");
+    }
+    binaries
+}
+
+/// Find etcd and kube-apiserver (what [`Cluster::launch`] needs), or say which is
+/// missing and how to get it. `kubectl` is where it would be, not checked.
+pub fn find_binaries() -> Result<Binaries, String> {
     let cache = std::env::var_os("PROXIMA_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/proxima")))
         .unwrap_or_else(|| PathBuf::from(".cache/proxima"));
-    let find = |var: &str, default: PathBuf| {
-        let path = std::env::var_os(var).map(PathBuf::from).unwrap_or(default);
-        assert!(
-            path.is_file(),
-            "{} not found (set {var} or run {PROVISION} first: it installs etcd and builds \
-             kube-apiserver and kubectl v{K8S_VERSION})",
-            path.display()
-        );
-        path
-    };
-    Binaries {
-        etcd: find("PROXIMA_ETCD", PathBuf::from("/usr/bin/etcd")),
-        kube_apiserver: find(
+    let path =
+        |var: &str, default: PathBuf| std::env::var_os(var).map(PathBuf::from).unwrap_or(default);
+    let binaries = Binaries {
+        etcd: path("PROXIMA_ETCD", PathBuf::from("/usr/bin/etcd")),
+        kube_apiserver: path(
             "PROXIMA_KUBE_APISERVER",
             cache.join(format!("kube-apiserver-v{K8S_VERSION}")),
         ),
-        kubectl: find(
+        kubectl: path(
             "PROXIMA_KUBECTL",
             cache.join(format!("kubectl-v{K8S_VERSION}")),
         ),
+    };
+    present(&binaries.etcd, "PROXIMA_ETCD")?;
+    present(&binaries.kube_apiserver, "PROXIMA_KUBE_APISERVER")?;
+    Ok(binaries)
+}
+
+fn present(path: &Path, var: &str) -> Result<(), String> {
+    if path.is_file() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} not found (set {var} or run {PROVISION} first: it installs etcd and builds \
+             kube-apiserver and kubectl v{K8S_VERSION})",
+            path.display()
+        ))
     }
 }
 
@@ -79,25 +98,34 @@ impl Cluster {
     /// Start etcd and kube-apiserver and wait until the API server is ready and the
     /// `default` namespace exists.
     pub async fn start() -> Cluster {
-        let binaries = binaries();
+        binaries();
+        Self::launch().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Cluster::start`] for callers that handle the error (the testbed's `--kube`):
+    /// what is missing or why the control plane did not come up.
+    pub async fn launch() -> Result<Cluster, String> {
+        let binaries = find_binaries()?;
         let mut last_error = String::new();
         // Free ports are found by binding port 0 and letting go; another process may
         // take one in between, so a failed start is retried on fresh ports.
         for _ in 0..3 {
             match Self::try_start(binaries.clone()).await {
-                Ok(cluster) => return cluster,
+                Ok(cluster) => return Ok(cluster),
                 Err(e) => last_error = e,
             }
         }
-        panic!("cannot start a Kubernetes control plane: {last_error}");
+        Err(format!(
+            "cannot start a Kubernetes control plane: {last_error}"
+        ))
     }
 
     async fn try_start(binaries: Binaries) -> Result<Cluster, String> {
         let dir = unique_dir();
         fs::create_dir_all(dir.join("certs")).map_err(|e| e.to_string())?;
         write_credentials(&dir)?;
-        let etcd_port = free_port();
-        let peer_port = free_port();
+        let etcd_port = try_free_port()?;
+        let peer_port = try_free_port()?;
         let etcd = spawn_logged(
             Command::new(&binaries.etcd).args([
                 "--name=proxima-test".to_string(),
@@ -110,7 +138,7 @@ impl Cluster {
             ]),
             &dir.join("etcd.log"),
         )?;
-        let api_port = free_port();
+        let api_port = try_free_port()?;
         let kubeconfig = dir.join("kubeconfig");
         let mut cluster = Cluster {
             binaries,
@@ -158,11 +186,17 @@ impl Cluster {
 
     /// A kube-rs client built from [`Cluster::kubeconfig`].
     pub async fn client(&self) -> kube::Client {
-        let file = Kubeconfig::read_from(&self.kubeconfig).expect("read test kubeconfig");
+        self.try_client().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Cluster::client`], or why it cannot be built.
+    pub async fn try_client(&self) -> Result<kube::Client, String> {
+        let file = Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| format!("cannot read the test kubeconfig: {e}"))?;
         let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
             .await
-            .expect("test kubeconfig is valid");
-        kube::Client::try_from(config).expect("kube client")
+            .map_err(|e| format!("invalid test kubeconfig: {e}"))?;
+        kube::Client::try_from(config).map_err(|e| format!("cannot build a kube client: {e}"))
     }
 
     /// `kubectl --kubeconfig <this cluster's>`; add arguments and run it.
@@ -298,7 +332,7 @@ impl Cluster {
 
     async fn wait_until_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
-        let client = self.client().await;
+        let client = self.try_client().await?;
         let mut last;
         loop {
             if let Some(child) = &mut self.apiserver {
@@ -310,14 +344,16 @@ impl Cluster {
                     ));
                 }
             }
-            let readyz = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            let readyz = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
             match client.request_text(readyz).await {
                 Ok(body) if body.trim() == "ok" => {
                     // The default namespace is made by a bootstrap controller shortly
                     // after the server turns ready.
                     let ns = http::Request::get("/api/v1/namespaces/default")
                         .body(Vec::new())
-                        .unwrap();
+                        .map_err(|e| e.to_string())?;
                     match client.request_text(ns).await {
                         Ok(_) => return Ok(()),
                         Err(e) => last = e.to_string(),
@@ -352,10 +388,14 @@ impl Drop for Cluster {
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
+    try_free_port().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
+        .map_err(|e| format!("cannot bind an ephemeral loopback port: {e}"))
 }
 
 fn unique_dir() -> PathBuf {

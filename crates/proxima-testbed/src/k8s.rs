@@ -1,7 +1,7 @@
 //! `--kube`: discovery from a real Kubernetes API server instead of topology files.
 //!
 //! The testbed starts its own control plane (etcd and kube-apiserver, no kubelet,
-//! scheduler or controllers; [`ControlPlane`], a trimmed copy of `tests/k8s/support.rs`)
+//! scheduler or controllers; [`ControlPlane`], the launcher of `tests/k8s/support.rs`)
 //! and publishes the emulated cluster as Kubernetes objects: a Node per node (InternalIP
 //! = the node's address, labels `proxima.io/admin-port` and the zone), a Service per
 //! scenario service (`proxima.io/enabled: "true"` and every setting, strategy included,
@@ -16,10 +16,8 @@
 //! `10.251.K.N` on that namespace's `lo` ([`reexec_isolated`]). Nothing can leave it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, ExitStatus};
 
 use proxima_k8s::k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use proxima_k8s::k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -33,9 +31,7 @@ use crate::TestbedError;
 pub const NETNS_ENV: &str = "PROXIMA_NETNS";
 /// kube-apiserver version the binaries come from (`tests/k8s/provision.sh`).
 pub const K8S_VERSION: &str = "1.31.4";
-const TOKEN: &str = "proxima-testbed-token";
 const MANAGER: &str = "proxima-testbed";
-const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Node address `index` of run block `block` in `--kube` mode: `10.251.block.(index+1)`.
 pub fn node_address(block: u8, index: usize) -> IpAddr {
@@ -87,23 +83,22 @@ pub fn check_isolated() -> Result<(), TestbedError> {
     }
 }
 
-/// A running etcd and kube-apiserver on loopback ports (after `tests/k8s/support.rs`).
-/// Dropping it kills both and deletes its directory.
-pub struct ControlPlane {
-    processes: Processes,
-    client: Client,
-}
+/// The control plane's launcher, shared with the tests: one place for how etcd and
+/// kube-apiserver are started, made ready and cleaned up.
+#[path = "../../../tests/k8s/support.rs"]
+mod control_plane;
 
-/// The control plane's processes and directory, killed and deleted on drop.
-struct Processes {
-    dir: PathBuf,
-    children: Vec<Child>,
+/// A running etcd and kube-apiserver on loopback ports (`tests/k8s/support.rs`'s
+/// `Cluster`). Dropping it kills both and deletes its directory.
+pub struct ControlPlane {
+    cluster: control_plane::Cluster,
+    client: Client,
 }
 
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")
-            .field("dir", &self.processes.dir)
+            .field("dir", &self.cluster.dir())
             .finish_non_exhaustive()
     }
 }
@@ -112,225 +107,20 @@ fn k8s_error(what: impl std::fmt::Display) -> TestbedError {
     TestbedError::Net(format!("kubernetes: {what}"))
 }
 
-/// The binary `var` names, else `default`; an error naming the provision script.
-fn binary(var: &str, default: PathBuf) -> Result<PathBuf, TestbedError> {
-    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or(default);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(k8s_error(format!(
-            "{} not found (set {var} or run tests/k8s/provision.sh: it installs etcd and \
-             builds kube-apiserver v{K8S_VERSION})",
-            path.display()
-        )))
-    }
-}
-
-fn free_port() -> Result<u16, TestbedError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(k8s_error)
-}
-
-fn spawn_logged(command: &mut Command, log: &Path) -> Result<Child, TestbedError> {
-    let file = std::fs::File::create(log).map_err(|e| TestbedError::io(log, e))?;
-    let err = file.try_clone().map_err(|e| TestbedError::io(log, e))?;
-    command
-        .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| k8s_error(format!("cannot start {command:?}: {e}")))
-}
-
-fn run(command: &mut Command) -> Result<(), TestbedError> {
-    let out = command
-        .output()
-        .map_err(|e| k8s_error(format!("cannot run {command:?}: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(k8s_error(format!(
-            "{command:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )))
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
 impl ControlPlane {
     /// Start etcd and kube-apiserver (binaries from `PROXIMA_ETCD`,
     /// `PROXIMA_KUBE_APISERVER`, else `/usr/bin/etcd` and
     /// `${PROXIMA_CACHE:-~/.cache/proxima}/kube-apiserver-v1.31.4`) and wait until the
     /// API server is ready and the `default` namespace exists.
     pub async fn start() -> Result<ControlPlane, TestbedError> {
-        let cache = std::env::var_os("PROXIMA_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/proxima")))
-            .unwrap_or_else(|| PathBuf::from(".cache/proxima"));
-        let etcd_bin = binary("PROXIMA_ETCD", PathBuf::from("/usr/bin/etcd"))?;
-        let apiserver_bin = binary(
-            "PROXIMA_KUBE_APISERVER",
-            cache.join(format!("kube-apiserver-v{K8S_VERSION}")),
-        )?;
-        let dir = std::env::temp_dir().join(format!("proxima-testbed-k8s-{}", std::process::id()));
-        let certs = dir.join("certs");
-        std::fs::create_dir_all(&certs).map_err(|e| TestbedError::io(&certs, e))?;
-        let tokens = dir.join("tokens.csv");
-        std::fs::write(&tokens, format!("{TOKEN},admin,admin,system:masters\n"))
-            .map_err(|e| TestbedError::io(&tokens, e))?;
-        let key = dir.join("sa.key");
-        run(Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&key)
-            .arg("2048"))?;
-        run(Command::new("openssl")
-            .arg("rsa")
-            .arg("-in")
-            .arg(&key)
-            .args(["-pubout", "-out"])
-            .arg(dir.join("sa.pub")))?;
-
-        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
-        let mut processes = Processes {
-            dir: dir.clone(),
-            children: Vec::new(),
-        };
-        processes.children.push(spawn_logged(
-            Command::new(&etcd_bin).args([
-                "--name=proxima-testbed".to_string(),
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-cluster=proxima-testbed=http://127.0.0.1:{peer_port}"),
-            ]),
-            &dir.join("etcd.log"),
-        )?);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while TcpStream::connect(("127.0.0.1", etcd_port)).is_err() {
-            if Instant::now() > deadline {
-                return Err(k8s_error(format!(
-                    "etcd did not listen in time:\n{}",
-                    log_tail(&dir.join("etcd.log"))
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        processes.children.push(spawn_logged(
-            Command::new(&apiserver_bin).args([
-                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1".to_string(),
-                "--advertise-address=127.0.0.1".to_string(),
-                format!("--secure-port={api_port}"),
-                format!("--cert-dir={}", certs.display()),
-                format!("--token-auth-file={}", tokens.display()),
-                format!(
-                    "--service-account-key-file={}",
-                    dir.join("sa.pub").display()
-                ),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    dir.join("sa.key").display()
-                ),
-                "--service-account-issuer=https://kubernetes.default.svc".to_string(),
-                "--authorization-mode=RBAC".to_string(),
-                "--service-cluster-ip-range=10.96.0.0/16".to_string(),
-                "--profiling=false".to_string(),
-            ]),
-            &dir.join("kube-apiserver.log"),
-        )?);
-        let client = processes.wait_until_ready(api_port).await?;
-        Ok(ControlPlane { processes, client })
+        let cluster = control_plane::Cluster::launch().await.map_err(k8s_error)?;
+        let client = cluster.try_client().await.map_err(k8s_error)?;
+        Ok(ControlPlane { cluster, client })
     }
 
+    /// A client of the API server, with admin rights.
     pub fn client(&self) -> Client {
         self.client.clone()
-    }
-}
-
-impl Processes {
-    /// Wait for the self-signed certificate (its file then holds the certificate and its
-    /// CA), write a kubeconfig trusting it, and poll `/readyz` and the `default`
-    /// namespace.
-    async fn wait_until_ready(&mut self, api_port: u16) -> Result<Client, TestbedError> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let log = self.dir.join("kube-apiserver.log");
-        let cert = self.dir.join("certs").join("apiserver.crt");
-        let mut client = None;
-        let mut last = String::new();
-        loop {
-            if let Some(Some(status)) = self
-                .children
-                .last_mut()
-                .map(|c| c.try_wait().ok().flatten())
-            {
-                return Err(k8s_error(format!(
-                    "kube-apiserver exited ({status}):\n{}",
-                    log_tail(&log)
-                )));
-            }
-            if client.is_none()
-                && std::fs::read_to_string(&cert)
-                    .is_ok_and(|pem| pem.matches("-----END CERTIFICATE-----").count() >= 2)
-            {
-                let kubeconfig = self.dir.join("kubeconfig");
-                let text = format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    \
-                     server: https://127.0.0.1:{api_port}\n    certificate-authority: {}\nusers:\n- \
-                     name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: testbed\n  \
-                     context:\n    cluster: testbed\n    user: admin\ncurrent-context: testbed\n",
-                    cert.display()
-                );
-                std::fs::write(&kubeconfig, text).map_err(|e| TestbedError::io(&kubeconfig, e))?;
-                client = Some(
-                    proxima_k8s::client(Some(&kubeconfig))
-                        .await
-                        .map_err(k8s_error)?,
-                );
-            }
-            if let Some(c) = &client {
-                let get = |uri: &str| http::Request::get(uri).body(Vec::new());
-                match c.request_text(get("/readyz").map_err(k8s_error)?).await {
-                    Ok(body) if body.trim() == "ok" => {
-                        match c
-                            .request_text(get("/api/v1/namespaces/default").map_err(k8s_error)?)
-                            .await
-                        {
-                            Ok(_) => return Ok(c.clone()),
-                            Err(e) => last = e.to_string(),
-                        }
-                    }
-                    Ok(body) => last = body,
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(k8s_error(format!(
-                    "kube-apiserver not ready after {READY_TIMEOUT:?} (last: {last}):\n{}",
-                    log_tail(&log)
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        // The API server first, then etcd.
-        for child in self.children.iter_mut().rev() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
