@@ -19,6 +19,11 @@ use std::time::Instant;
 use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
 use proxima_core::Environment;
 
+/// A gauge per node (label `node`).
+fn node_gauge(name: &str, help: &str) -> prometheus::Result<GaugeVec> {
+    GaugeVec::new(Opts::new(name, help), &["node"])
+}
+
 #[derive(Debug, Default)]
 struct Labelled {
     rtt: BTreeSet<String>,
@@ -49,29 +54,20 @@ impl NodeGauges {
 
     fn new() -> prometheus::Result<Self> {
         Ok(Self {
-            rtt: GaugeVec::new(
-                Opts::new(
-                    "proxima_node_rtt_seconds",
-                    "Smoothed round-trip time from this proxy's node to the node, measured \
-                     by probing the proxy there (fresh readings only).",
-                ),
-                &["node"],
+            rtt: node_gauge(
+                "proxima_node_rtt_seconds",
+                "Smoothed round-trip time from this proxy's node to the node, measured by \
+                 probing the proxy there (fresh readings only).",
             )?,
-            cpu: GaugeVec::new(
-                Opts::new(
-                    "proxima_node_cpu_usage",
-                    "CPU usage of the node as a fraction of its allocatable CPU \
-                     (metrics.k8s.io) or of all its CPUs (reported by its proxy).",
-                ),
-                &["node"],
+            cpu: node_gauge(
+                "proxima_node_cpu_usage",
+                "CPU usage of the node as a fraction of its allocatable CPU (metrics.k8s.io) \
+                 or of all its CPUs (reported by its proxy).",
             )?,
-            ram: GaugeVec::new(
-                Opts::new(
-                    "proxima_node_ram_usage",
-                    "Memory usage of the node as a fraction of its allocatable memory \
-                     (metrics.k8s.io) or of its total memory (reported by its proxy).",
-                ),
-                &["node"],
+            ram: node_gauge(
+                "proxima_node_ram_usage",
+                "Memory usage of the node as a fraction of its allocatable memory \
+                 (metrics.k8s.io) or of its total memory (reported by its proxy).",
             )?,
             failures: IntCounterVec::new(
                 Opts::new(

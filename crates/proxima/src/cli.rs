@@ -495,19 +495,30 @@ fn parse_connection_budget(value: &str) -> Result<ConnectionBudget, String> {
 }
 
 fn parse_header_count(value: &str) -> Result<usize, String> {
-    value
-        .parse::<usize>()
-        .ok()
-        .filter(|n| (8..=10_000).contains(n))
-        .ok_or_else(|| format!("{value:?}: expected a number of header lines from 8 to 10000"))
+    parse_count(value, 8..=10_000, "header lines")
 }
 
 fn parse_uri_bytes(value: &str) -> Result<usize, String> {
+    parse_count(value, 256..=60_000, "bytes")
+}
+
+/// A number of `unit` within `range`.
+fn parse_count(
+    value: &str,
+    range: std::ops::RangeInclusive<usize>,
+    unit: &str,
+) -> Result<usize, String> {
     value
         .parse::<usize>()
         .ok()
-        .filter(|n| (256..=60_000).contains(n))
-        .ok_or_else(|| format!("{value:?}: expected a number of bytes from 256 to 60000"))
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{value:?}: expected a number of {unit} from {} to {}",
+                range.start(),
+                range.end()
+            )
+        })
 }
 
 /// Where node CPU and memory usage comes from (`--usage-source`).
@@ -731,11 +742,7 @@ fn parse_namespace(value: &str) -> Result<String, String> {
 }
 
 fn parse_header_bytes(value: &str) -> Result<usize, String> {
-    value
-        .parse::<usize>()
-        .ok()
-        .filter(|n| (1024..=1 << 20).contains(n))
-        .ok_or_else(|| format!("{value:?}: expected a number of bytes from 1024 to 1048576"))
+    parse_count(value, 1024..=1 << 20, "bytes")
 }
 
 #[cfg(test)]
