@@ -192,6 +192,8 @@ pub struct Index {
 }
 
 impl Index {
+    /// An empty index for `config`'s streams; it publishes nothing until every stream
+    /// has listed once.
     pub fn new(config: IndexConfig) -> Self {
         Self {
             streams: config.streams(),

@@ -187,6 +187,7 @@ impl MetricsServerSource {
         }
     }
 
+    /// Poll metrics.k8s.io every `interval` instead of every 15 s.
     pub fn with_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self

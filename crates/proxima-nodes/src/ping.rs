@@ -96,6 +96,7 @@ impl LocalNode {
         self
     }
 
+    /// This node's name, if known.
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }

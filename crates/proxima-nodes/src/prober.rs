@@ -94,14 +94,17 @@ impl Default for ProberConfig {
 pub struct PeerUsage(Arc<AtomicBool>);
 
 impl PeerUsage {
+    /// A switch, on if `enabled`.
     pub fn new(enabled: bool) -> Self {
         Self(Arc::new(AtomicBool::new(enabled)))
     }
 
+    /// Turn publishing peers' usage on or off, for every clone.
     pub fn set(&self, enabled: bool) {
         self.0.store(enabled, Ordering::Relaxed);
     }
 
+    /// Whether peers' usage is published now.
     pub fn enabled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }

@@ -43,14 +43,17 @@ pub fn is_plausible(usage: Usage) -> bool {
 pub struct FixedUsage(Mutex<Option<Usage>>);
 
 impl FixedUsage {
+    /// A fixed usage of `usage` (`None`: unknown).
     pub fn new(usage: Option<Usage>) -> Self {
         Self(Mutex::new(usage))
     }
 
+    /// Replace the usage (`None`: unknown from now on).
     pub fn set(&self, usage: Option<Usage>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = usage;
     }
 
+    /// The usage set last.
     pub fn get(&self) -> Option<Usage> {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }

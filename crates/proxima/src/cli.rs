@@ -414,6 +414,8 @@ pub struct AdminArgs {
 }
 
 impl AdminArgs {
+    /// Who may use the admin server's `/debug/*` and `/node/*`: the token (an empty one
+    /// is none) and the trusted networks, besides loopback.
     pub fn access(&self) -> proxima_admin::AdminAccess {
         proxima_admin::AdminAccess {
             token: self.admin_token.clone().filter(|t| !t.is_empty()),
@@ -627,6 +629,7 @@ pub struct NodesArgs {
 }
 
 impl ProxyArgs {
+    /// The data plane's settings from these flags (the connection budget resolved).
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
             service_header: self.service_header.clone(),

@@ -12,14 +12,17 @@ use tracing::{info, warn};
 pub struct Shutdown(watch::Sender<bool>);
 
 impl Shutdown {
+    /// A shutdown not triggered yet.
     pub fn new() -> Self {
         Self(watch::Sender::new(false))
     }
 
+    /// Start shutting down (again is a no-op).
     pub fn trigger(&self) {
         self.0.send_replace(true);
     }
 
+    /// Whether shutdown has been triggered.
     pub fn is_triggered(&self) -> bool {
         *self.0.borrow()
     }

@@ -50,10 +50,12 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// How many services the file describes.
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
 
+    /// How many endpoints all its services have together.
     pub fn endpoint_count(&self) -> usize {
         self.services.iter().map(|(_, eps)| eps.len()).sum()
     }

@@ -83,6 +83,7 @@ impl FileWatcher {
         self
     }
 
+    /// The topology file this watcher follows.
     pub fn path(&self) -> &Path {
         &self.path
     }
