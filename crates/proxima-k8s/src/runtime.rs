@@ -281,11 +281,7 @@ where
         + 'static,
 {
     let namespace = stream.namespace.clone();
-    let span = info_span!(
-        "watcher",
-        kind = ?stream.kind,
-        namespace = namespace.as_deref().unwrap_or("*"),
-    );
+    let span = watcher_span(stream);
     let events = watcher(api, config)
         .backoff(watch_backoff())
         .map(move |item| item.map(|event| (namespace.clone(), wrap(event))));
@@ -294,6 +290,15 @@ where
         span,
     }
     .boxed()
+}
+
+/// The span of the watcher of `stream`.
+fn watcher_span(stream: &Stream) -> Span {
+    info_span!(
+        "watcher",
+        kind = ?stream.kind,
+        namespace = stream.namespace.as_deref().unwrap_or("*"),
+    )
 }
 
 /// A stream polled inside `span`, each item paired with it.
@@ -468,6 +473,75 @@ fn watch_backoff() -> ResetTimerBackoff<watcher::ExponentialBackoff> {
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_millis(700);
 const BACKOFF_RESET: Duration = Duration::from_secs(120);
+
+#[cfg(test)]
+mod span_tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    /// Log lines, shared with the subscriber that writes them.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watcher_logs_inside_its_span_and_tags_its_items() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish();
+        // This test's thread only (a current-thread runtime polls everything on it).
+        let _subscriber = tracing::subscriber::set_default(subscriber);
+        let stream = Stream {
+            kind: Kind::EndpointSlice,
+            namespace: Some("shop".to_string()),
+        };
+        let span = watcher_span(&stream);
+        // What the watcher itself logs while it is polled.
+        let inner = futures_util::stream::iter([1, 2]).inspect(|n| debug!(n, "polled"));
+        let tagged = InSpan {
+            inner: inner.boxed(),
+            span,
+        };
+        let items: Vec<(Span, i32)> = tagged.collect().await;
+        assert_eq!(items.iter().map(|(_, n)| *n).collect::<Vec<_>>(), [1, 2]);
+        // What is logged about an item, in the item's span.
+        {
+            let _in = items[0].0.enter();
+            debug!("about the item");
+        }
+        debug!("outside any watcher");
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(logged.len(), 4, "{text}");
+        assert!(logged[3].get("span").is_none(), "{text}");
+        for line in &logged[..3] {
+            assert_eq!(line["span"]["name"], "watcher", "{line}");
+            assert_eq!(line["span"]["kind"], "EndpointSlice", "{line}");
+            assert_eq!(line["span"]["namespace"], "shop", "{line}");
+        }
+    }
+}
 
 #[cfg(test)]
 mod backoff_tests {
