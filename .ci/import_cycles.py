@@ -2,6 +2,7 @@
 """Fail if the source files of any crate import each other in a loop.
 
 Usage: python3 .ci/import_cycles.py [CRATES_DIR]   (default: crates)
+       python3 .ci/import_cycles.py --self-test   (the checker on crates with known answers)
 
 Each file under a crate's src/ is one module (src/a/b.rs and src/a/b/mod.rs are
 `a::b`; src/lib.rs and src/main.rs are the root; src/bin/*.rs are roots of their own).
@@ -238,9 +239,9 @@ def strongly_connected(graph):
     return result
 
 
-def main():
-    crates_dir = sys.argv[1] if len(sys.argv) > 1 else "crates"
-    cycles = 0
+def find_cycles(crates_dir):
+    """[(crate, [files], {(a, b): names})] for every cycle under `crates_dir`."""
+    found = []
     for name in sorted(os.listdir(crates_dir)):
         src = os.path.join(crates_dir, name, "src")
         if not os.path.isdir(src):
@@ -254,12 +255,68 @@ def main():
             for target, used in deps.items():
                 names[(path, target)] = used
         for component in strongly_connected(graph):
-            cycles += 1
-            print(f"import cycle in {name}: {', '.join(component)}")
             members = set(component)
-            for a in component:
-                for b in sorted(graph[a] & members):
-                    print(f"  {a} -> {b}: {', '.join(sorted(names[(a, b)]))}")
+            ties = {(a, b): names[(a, b)] for a in component for b in sorted(graph[a] & members)}
+            found.append((name, component, ties))
+    return found
+
+
+SELF_TEST = {
+    # A parent re-exporting its children, children using the parent: no cycle.
+    "facade/src/lib.rs": "mod a;\nmod b;\npub use a::A;\npub use b::{B, C as D};\npub struct Root;\n",
+    "facade/src/a.rs": "use crate::Root;\nuse super::b::B;\npub struct A(Root, B);\n",
+    "facade/src/b.rs": "pub struct B;\npub struct C;\n",
+    # Siblings through a grouped use and an inline path: a cycle.
+    "loop/src/lib.rs": "mod x;\nmod y;\n",
+    "loop/src/x.rs": "use crate::{y::{Y, Z}};\npub struct X(Y, Z);\n",
+    "loop/src/y.rs": "pub struct Y;\npub struct Z;\npub fn f() -> super::x::X { todo!() }\n",
+    # Imports in comments, strings and test modules do not count.
+    "quiet/src/lib.rs": "mod p;\nmod q;\n",
+    "quiet/src/p.rs": "use crate::q::Q;\npub struct P(Q);\n",
+    "quiet/src/q.rs": (
+        "// use crate::p::P;\npub struct Q;\nconst S: &str = \"crate::p::P\";\n"
+        "#[cfg(test)]\nmod tests {\n    use crate::p::P;\n    fn f() { let _ = '{'; }\n}\n"
+    ),
+    # A parent using (not re-exporting) its child, which uses it back: a cycle.
+    "nested/src/lib.rs": "mod m;\n",
+    "nested/src/m/mod.rs": "mod c;\npub struct M;\nfn g() { let _ = c::helper(); }\nuse self::c::C;\n",
+    "nested/src/m/c.rs": "use super::M;\npub struct C(M);\npub fn helper() {}\n",
+}
+
+
+def self_test():
+    """Check the checker on small crates with known answers."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        for rel, text in SELF_TEST.items():
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        found = {(crate, tuple(os.path.relpath(f, root) for f in files)): ties
+                 for crate, files, ties in find_cycles(root)}
+    expected = {
+        ("loop", ("loop/src/x.rs", "loop/src/y.rs")),
+        ("nested", ("nested/src/m/c.rs", "nested/src/m/mod.rs")),
+    }
+    if set(found) != expected:
+        print(f"self-test failed: found {sorted(found)}, expected {sorted(expected)}")
+        return 1
+    print("self-test passed")
+    return 0
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    crates_dir = sys.argv[1] if len(sys.argv) > 1 else "crates"
+    cycles = 0
+    for name, component, ties in find_cycles(crates_dir):
+        cycles += 1
+        print(f"import cycle in {name}: {', '.join(component)}")
+        for (a, b), used in ties.items():
+            print(f"  {a} -> {b}: {', '.join(sorted(used))}")
     if cycles:
         print(f"{cycles} import cycle(s) between files; break each by moving what both "
               "sides need into a module that neither imports back.")
