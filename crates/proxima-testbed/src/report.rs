@@ -188,6 +188,47 @@ pub fn table(runs: &[RunReport]) -> String {
             }
         }
     }
+    if runs.iter().any(|r| !r.proxy.is_zero()) {
+        let pwidth = runs
+            .iter()
+            .flat_map(|r| r.proxy_phases.iter().map(|p| p.phase.len()))
+            .max()
+            .unwrap_or(3)
+            .max(3);
+        let _ = writeln!(
+            out,
+            "\nproxies, summed over the nodes (failed upstream attempts: connect = refused or \
+             over connect-timeout, timeout = over the service's timeout; QoS-pool changes), \
+             in all and per phase with any:"
+        );
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
+            "run", "phase", "connect", "timeout", "reset", "protocol", "evicted", "readmitted"
+        );
+        for r in runs {
+            let all = std::iter::once(("all", &r.proxy));
+            let phases = r
+                .proxy_phases
+                .iter()
+                .filter(|p| !p.counters.is_zero())
+                .map(|p| (p.phase.as_str(), &p.counters));
+            for (phase, c) in all.chain(phases) {
+                let _ = writeln!(
+                    out,
+                    "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
+                    r.label,
+                    phase,
+                    c.connect_failures,
+                    c.timeouts,
+                    c.resets,
+                    c.protocol_errors,
+                    c.evictions,
+                    c.readmissions
+                );
+            }
+        }
+    }
     let repeats = repeat_summaries(runs);
     if runs.iter().any(|r| r.repeat > 1) {
         let _ = writeln!(
