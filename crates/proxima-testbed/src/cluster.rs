@@ -900,7 +900,8 @@ impl Cluster {
                         self.refresh_link(&state, &ips, a, b);
                     }
                 }
-                self.sync_firewall(&state, &ips)?;
+                drop(state);
+                self.sync_firewall(&ips)?;
             }
             Action::ResetInstance(name) => {
                 let i = self.instance_index(name)?;
@@ -919,8 +920,8 @@ impl Cluster {
                         self.refresh_link(&state, &ips, *node, other);
                         self.refresh_link(&state, &ips, other, *node);
                     }
-                    self.sync_firewall(&state, &ips)?;
                 }
+                self.sync_firewall(&ips)?;
                 for (c, spec) in self.scenario.clients.iter().enumerate() {
                     if spec.node == *node {
                         self.clients[c].set_delay(BLACKHOLE);
@@ -954,13 +955,13 @@ impl Cluster {
                         self.refresh_link(&state, &ips, *node, other);
                         self.refresh_link(&state, &ips, other, *node);
                     }
-                    self.sync_firewall(&state, &ips)?;
                     for inst in state.instances.iter_mut().filter(|i| i.node == *node) {
                         if inst.running.is_some() {
                             inst.listed = true;
                         }
                     }
                 }
+                self.sync_firewall(&ips)?;
                 for (c, spec) in self.scenario.clients.iter().enumerate() {
                     if spec.node == *node {
                         self.clients[c].set_delay(spec.latency);
@@ -1000,15 +1001,22 @@ impl Cluster {
     /// blackholed link (each direction on its own) and every node that is down. The
     /// gates hold their data as well ([`Cluster::refresh_link`]), so that what a gate
     /// had already accepted does not cross either.
-    fn sync_firewall(&self, state: &State, ips: &[IpAddr]) -> Result<(), TestbedError> {
-        let n = ips.len();
-        let links: Vec<(IpAddr, IpAddr)> = (0..n)
-            .flat_map(|a| (0..n).map(move |b| (a, b)))
-            .filter(|&(a, b)| a != b && state.blackholed[a][b])
-            .map(|(a, b)| (ips[a], ips[b]))
-            .collect();
-        let down: Vec<IpAddr> = (0..n).filter(|&i| state.down[i]).map(|i| ips[i]).collect();
+    ///
+    /// `nft` runs outside the state's lock (other tasks take it often), under the
+    /// firewall's own, which also keeps the rule sets in the order of the changes.
+    fn sync_firewall(&self, ips: &[IpAddr]) -> Result<(), TestbedError> {
         let mut firewall = self.firewall.lock().unwrap_or_else(|e| e.into_inner());
+        let (links, down) = {
+            let state = self.lock();
+            let n = ips.len();
+            let links: Vec<(IpAddr, IpAddr)> = (0..n)
+                .flat_map(|a| (0..n).map(move |b| (a, b)))
+                .filter(|&(a, b)| a != b && state.blackholed[a][b])
+                .map(|(a, b)| (ips[a], ips[b]))
+                .collect();
+            let down: Vec<IpAddr> = (0..n).filter(|&i| state.down[i]).map(|i| ips[i]).collect();
+            (links, down)
+        };
         if firewall.is_none() {
             if links.is_empty() && down.is_empty() {
                 return Ok(());
