@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "==> provisioning etcd, kube-apiserver, kubectl and Fortio for the Kubernetes tests"
+echo "==> provisioning etcd, kube-apiserver, kubectl, Fortio and nftables for the Kubernetes and testbed tests"
 bash tests/k8s/provision.sh
 
 echo "==> building the binaries the end-to-end tests start"

@@ -4,6 +4,8 @@
 # load generator for tests/k8s_rollout.rs.
 #
 #   * etcd 3.4 from Debian (`etcd-server`, /usr/bin/etcd), installed with apt if missing.
+#   * nftables (`nft`) from Debian, installed with apt if missing: the testbed's
+#     `blackhole` and `node-down` events drop packets with it (crates/proxima-testbed).
 #   * kube-apiserver and kubectl v1.31.4 built from the Go module proxy: a throwaway module
 #     requires k8s.io/kubernetes v1.31.4 and replaces every staging module (the list comes
 #     from k8s.io/kubernetes' own go.mod) with its published v0.31.4.
@@ -51,6 +53,19 @@ else
         || die "apt-get install etcd-server failed"
     [ -x "$ETCD" ] || die "etcd-server installed but $ETCD is not there"
     log "etcd: installed $("$ETCD" --version | head -1)"
+fi
+
+# --- nftables (the testbed's packet drops) ---------------------------------------------
+if PATH="$PATH:/usr/sbin:/sbin" command -v nft >/dev/null; then
+    log "nft: $(PATH="$PATH:/usr/sbin:/sbin" nft --version)"
+else
+    log "nft missing; installing Debian package nftables"
+    as_root apt-get update -q || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q nftables \
+        || die "apt-get install nftables failed"
+    PATH="$PATH:/usr/sbin:/sbin" command -v nft >/dev/null \
+        || die "nftables installed but nft is not there"
+    log "nft: installed $(PATH="$PATH:/usr/sbin:/sbin" nft --version)"
 fi
 
 command -v openssl >/dev/null || die "openssl is needed to make service-account keys"

@@ -27,6 +27,12 @@
 //! apply at once to open connections. Clients reach their node's proxy through a
 //! [`DelayLink`] with their own one-way latency.
 //!
+//! `blackhole` and `node-down` make packets vanish: the nftables rules of a
+//! [`Firewall`] drop everything on a blackholed link and to or from a down node, so a
+//! connect across them hangs (its SYN gets no answer) and open connections stall, as in
+//! a real partition. That needs the testbed's own network namespace
+//! ([`crate::netns`]); the gates also hold their data while a link is down.
+//!
 //! Node usage (for RAP) is emulated: every `usage-interval` each node's CPU usage is the
 //! busy share of its cores over the last `usage-window` plus its background CPU, and
 //! its RAM usage is its background RAM; the value is set on the node's
@@ -55,7 +61,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::firewall::Firewall;
 use crate::scenario::{Action, BaseUsage, LinkChange, Scenario, StrategySpec};
+use crate::stats::ProxyCounters;
 use crate::TestbedError;
 
 /// Resolves once `stop` says so (or its sender is gone).
@@ -101,6 +109,8 @@ pub struct NodeRuntime {
     pub admin: SocketAddr,
     cpu: Option<Cpu>,
     usage: Option<Arc<FixedUsage>>,
+    /// The node's metrics (proxy and peer prober).
+    registry: prometheus::Registry,
     _admin_gate: SourceDelayGate,
 }
 
@@ -141,6 +151,11 @@ pub struct Cluster {
     /// Set in `--kube` mode: writes the Kubernetes objects.
     publisher: Option<crate::k8s::Publisher>,
     clients: Vec<DelayLink>,
+    /// The run's address block (names its nftables table).
+    block: u8,
+    /// Drops the packets of blackholed links and down nodes (made at start when the
+    /// scenario has such events, else when the first one comes).
+    firewall: Mutex<Option<Firewall>>,
     stop: watch::Sender<bool>,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -225,6 +240,13 @@ impl Cluster {
                 Some(crate::k8s::Publisher::new(api.0.clone()))
             }
         };
+        // Before anything listens: a run whose events drop packets fails here, at once,
+        // when it cannot (no private network namespace, no nftables).
+        let firewall = if drops_packets(scenario) {
+            Some(Firewall::new(block)?)
+        } else {
+            None
+        };
         let (stop, _) = watch::channel(false);
         let delays = DelayMatrix::new();
         let n = scenario.nodes.len();
@@ -278,6 +300,8 @@ impl Cluster {
             dir: dir.to_path_buf(),
             publisher,
             clients: Vec::new(),
+            block,
+            firewall: Mutex::new(firewall),
             stop,
             tasks: Mutex::new(JoinSet::new()),
         };
@@ -567,6 +591,7 @@ impl Cluster {
             admin: admin_gate.addr(),
             cpu,
             usage,
+            registry,
             _admin_gate: admin_gate,
         })
     }
@@ -875,6 +900,8 @@ impl Cluster {
                         self.refresh_link(&state, &ips, a, b);
                     }
                 }
+                drop(state);
+                self.sync_firewall(&ips)?;
             }
             Action::ResetInstance(name) => {
                 let i = self.instance_index(name)?;
@@ -894,6 +921,7 @@ impl Cluster {
                         self.refresh_link(&state, &ips, other, *node);
                     }
                 }
+                self.sync_firewall(&ips)?;
                 for (c, spec) in self.scenario.clients.iter().enumerate() {
                     if spec.node == *node {
                         self.clients[c].set_delay(BLACKHOLE);
@@ -933,6 +961,7 @@ impl Cluster {
                         }
                     }
                 }
+                self.sync_firewall(&ips)?;
                 for (c, spec) in self.scenario.clients.iter().enumerate() {
                     if spec.node == *node {
                         self.clients[c].set_delay(spec.latency);
@@ -968,6 +997,38 @@ impl Cluster {
         self.delays.set(ips[a], ips[b], delay);
     }
 
+    /// Make the nftables rules drop exactly what the state says is unreachable: every
+    /// blackholed link (each direction on its own) and every node that is down. The
+    /// gates hold their data as well ([`Cluster::refresh_link`]), so that what a gate
+    /// had already accepted does not cross either.
+    ///
+    /// `nft` runs outside the state's lock (other tasks take it often), under the
+    /// firewall's own, which also keeps the rule sets in the order of the changes.
+    fn sync_firewall(&self, ips: &[IpAddr]) -> Result<(), TestbedError> {
+        let mut firewall = self.firewall.lock().unwrap_or_else(|e| e.into_inner());
+        let (links, down) = {
+            let state = self.lock();
+            let n = ips.len();
+            let links: Vec<(IpAddr, IpAddr)> = (0..n)
+                .flat_map(|a| (0..n).map(move |b| (a, b)))
+                .filter(|&(a, b)| a != b && state.blackholed[a][b])
+                .map(|(a, b)| (ips[a], ips[b]))
+                .collect();
+            let down: Vec<IpAddr> = (0..n).filter(|&i| state.down[i]).map(|i| ips[i]).collect();
+            (links, down)
+        };
+        if firewall.is_none() {
+            if links.is_empty() && down.is_empty() {
+                return Ok(());
+            }
+            *firewall = Some(Firewall::new(self.block)?);
+        }
+        firewall
+            .as_ref()
+            .expect("made just above")
+            .sync(&links, &down)
+    }
+
     fn instance_index(&self, name: &str) -> Result<usize, TestbedError> {
         self.lock()
             .instances
@@ -979,6 +1040,40 @@ impl Cluster {
     /// The one-way delay from node `from` to node `to` right now.
     pub fn one_way(&self, from: usize, to: usize) -> Duration {
         self.lock().one_way[from][to]
+    }
+
+    /// The proxies' failed upstream attempts and pool changes so far, summed over the
+    /// nodes (see [`ProxyCounters`]).
+    pub fn proxy_counters(&self) -> ProxyCounters {
+        let families: Vec<_> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.registry.gather())
+            .collect();
+        // The sum over every node of `name`'s series whose `label` is `value`.
+        let sum = |name: &str, label: &str, value: &str| -> u64 {
+            families
+                .iter()
+                .filter(|f| f.get_name() == name)
+                .flat_map(|f| f.get_metric())
+                .filter(|m| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.get_name() == label && l.get_value() == value)
+                })
+                .map(|m| m.get_counter().get_value() as u64)
+                .sum()
+        };
+        let errors = |kind: &str| sum("proxima_upstream_errors_total", "kind", kind);
+        let changes = |change: &str| sum("proxima_pool_changes_total", "change", change);
+        ProxyCounters {
+            connect_failures: errors("connect"),
+            timeouts: errors("timeout"),
+            resets: errors("reset"),
+            protocol_errors: errors("protocol"),
+            evictions: changes("evicted"),
+            readmissions: changes("readmitted"),
+        }
     }
 
     /// Requests each running instance received (client traffic and probes alike).
@@ -1017,8 +1112,30 @@ impl Cluster {
             backend.abort();
             drop(gate);
         }
+        // Deletes the run's nftables table.
+        drop(
+            self.firewall
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether any event of `scenario` drops packets (`blackhole`, `node-down`), which
+/// needs the firewall (and so the testbed's own network namespace).
+pub fn drops_packets(scenario: &Scenario) -> bool {
+    scenario.events.iter().flat_map(|e| &e.actions).any(|a| {
+        matches!(
+            a,
+            Action::NodeDown { .. }
+                | Action::Link {
+                    change: LinkChange::Blackhole,
+                    ..
+                }
+        )
+    })
 }
 
 /// `--kube`: node, service and namespace names become Kubernetes object names, and

@@ -13,11 +13,10 @@
 //! kube-apiserver refuses loopback addresses in EndpointSlices, so `--kube` runs happen
 //! in a private network namespace (as `tests/k8s/netns.rs` does for tests): the binary
 //! re-executes itself under `unshare --net --pid` after putting the node addresses
-//! `10.251.K.N` on that namespace's `lo` ([`reexec_isolated`]). Nothing can leave it.
+//! `10.251.K.N` on that namespace's `lo` ([`crate::netns`]). Nothing can leave it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::process::{Command, ExitStatus};
 
 use proxima_k8s::k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use proxima_k8s::k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -27,8 +26,7 @@ use serde_json::json;
 
 use crate::TestbedError;
 
-/// Set in the re-executed process: the comma-separated node addresses on its `lo`.
-pub const NETNS_ENV: &str = "PROXIMA_NETNS";
+pub use crate::netns::{check_isolated, reexec_isolated, NETNS_ENV};
 /// kube-apiserver version the binaries come from (`tests/k8s/provision.sh`).
 pub const K8S_VERSION: &str = "1.31.4";
 const MANAGER: &str = "proxima-testbed";
@@ -36,51 +34,6 @@ const MANAGER: &str = "proxima-testbed";
 /// Node address `index` of run block `block` in `--kube` mode: `10.251.block.(index+1)`.
 pub fn node_address(block: u8, index: usize) -> IpAddr {
     IpAddr::V4(std::net::Ipv4Addr::new(10, 251, block, (index + 1) as u8))
-}
-
-/// Run this same command again in a fresh network (and PID) namespace whose `lo` holds
-/// `addresses` as /32s, with [`NETNS_ENV`] set; wait for it and return its status.
-pub fn reexec_isolated(addresses: &[IpAddr]) -> Result<ExitStatus, TestbedError> {
-    let exe = std::env::current_exe().map_err(|e| TestbedError::Net(e.to_string()))?;
-    let mut prelude = String::from("set -e; ip link set lo up");
-    for a in addresses {
-        prelude.push_str(&format!("; ip addr add {a}/32 dev lo"));
-    }
-    prelude.push_str("; exec \"$0\" \"$@\"");
-    let list: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
-    Command::new("unshare")
-        // A PID namespace too: whatever ends the run ends etcd and kube-apiserver.
-        .args(["--net", "--pid", "--fork", "--kill-child", "--", "sh", "-c"])
-        .arg(&prelude)
-        .arg(exe)
-        .args(std::env::args_os().skip(1))
-        .env(NETNS_ENV, list.join(","))
-        .status()
-        .map_err(|e| {
-            TestbedError::Net(format!(
-                "cannot run `unshare --net` (needs root or CAP_SYS_ADMIN): {e}"
-            ))
-        })
-}
-
-/// Inside the namespace: fail unless it has no interface but `lo`.
-pub fn check_isolated() -> Result<(), TestbedError> {
-    let dev = std::fs::read_to_string("/proc/self/net/dev")
-        .map_err(|e| TestbedError::Net(format!("/proc/self/net/dev: {e}")))?;
-    let interfaces: Vec<&str> = dev
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next())
-        .map(str::trim)
-        .collect();
-    if interfaces == ["lo"] {
-        Ok(())
-    } else {
-        Err(TestbedError::Net(format!(
-            "{NETNS_ENV} is set but this is not a private network namespace (interfaces: \
-             {interfaces:?})"
-        )))
-    }
 }
 
 /// The control plane's launcher, shared with the tests: one place for how etcd and

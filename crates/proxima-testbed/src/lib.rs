@@ -8,7 +8,8 @@
 //! starts a fresh [`Cluster`] in which every node runs Proxima's own router, file
 //! discovery, proxy, admin server and peer prober on its own loopback address, and every
 //! instance is a real HTTP server; delay between nodes is injected by user-space gates
-//! keyed on the source address (see [`cluster`]). With `--kube` ([`k8s`]), discovery
+//! keyed on the source address (see [`cluster`]), and `blackhole` / `node-down` drop packets
+//! with nftables inside the testbed's own network namespace ([`netns`], [`firewall`]). With `--kube` ([`k8s`]), discovery
 //! comes from a real Kubernetes API server (EndpointSlices) instead of files. The clients' requests are then
 //! summarised ([`stats`]) and written as a table, JSON, CSV ([`report`]) and PNG plots
 //! ([`plot`]).
@@ -19,9 +20,11 @@
 
 pub mod client;
 pub mod cluster;
+pub mod firewall;
 pub mod generate;
 pub mod host;
 pub mod k8s;
+pub mod netns;
 pub mod plot;
 pub mod report;
 pub mod runner;

@@ -188,6 +188,47 @@ pub fn table(runs: &[RunReport]) -> String {
             }
         }
     }
+    if runs.iter().any(|r| !r.proxy.is_zero()) {
+        let pwidth = runs
+            .iter()
+            .flat_map(|r| r.proxy_phases.iter().map(|p| p.phase.len()))
+            .max()
+            .unwrap_or(3)
+            .max(3);
+        let _ = writeln!(
+            out,
+            "\nproxies, summed over the nodes (failed upstream attempts: connect = refused or \
+             over connect-timeout, timeout = over the service's timeout; QoS-pool changes), \
+             in all and per phase with any:"
+        );
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
+            "run", "phase", "connect", "timeout", "reset", "protocol", "evicted", "readmitted"
+        );
+        for r in runs {
+            let all = std::iter::once(("all", &r.proxy));
+            let phases = r
+                .proxy_phases
+                .iter()
+                .filter(|p| !p.counters.is_zero())
+                .map(|p| (p.phase.as_str(), &p.counters));
+            for (phase, c) in all.chain(phases) {
+                let _ = writeln!(
+                    out,
+                    "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
+                    r.label,
+                    phase,
+                    c.connect_failures,
+                    c.timeouts,
+                    c.resets,
+                    c.protocol_errors,
+                    c.evictions,
+                    c.readmissions
+                );
+            }
+        }
+    }
     let repeats = repeat_summaries(runs);
     if runs.iter().any(|r| r.repeat > 1) {
         let _ = writeln!(
@@ -275,13 +316,13 @@ pub fn write_files(
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -307,6 +348,11 @@ pub fn write_files(
             r.host.load_start.map_or(String::new(), |l| l.to_string()),
             r.host.load_max.map_or(String::new(), |l| l.to_string()),
             r.host.noisy,
+            r.proxy.connect_failures,
+            r.proxy.timeouts,
+            r.proxy.resets,
+            r.proxy.evictions,
+            r.proxy.readmissions,
         );
     }
     write(&dir.join("summary.csv"), &summary)?;

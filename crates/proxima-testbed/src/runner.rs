@@ -21,7 +21,8 @@ use crate::cluster::{Cluster, DiscoveryMode};
 use crate::host::{HostReport, HostSampler};
 use crate::scenario::{Scenario, StrategySpec, Trigger};
 use crate::stats::{
-    per_instance, ClientReport, PhaseReport, RunReport, ServiceReport, ServiceSummary, Summary,
+    per_instance, ClientReport, PhaseReport, ProxyCounters, ProxyPhase, RunReport, ServiceReport,
+    ServiceSummary, Summary,
 };
 use crate::TestbedError;
 
@@ -224,6 +225,8 @@ async fn drive(
         tokio::spawn(async move {
             let mut applied = vec![false; events.len()];
             let mut starts: Vec<(String, Duration)> = Vec::new();
+            // The proxies' counters as each phase ends (before its event's actions).
+            let mut counters = Vec::new();
             let mut timed: Vec<(Duration, usize)> = events
                 .iter()
                 .enumerate()
@@ -253,6 +256,7 @@ async fn drive(
                 if std::mem::replace(&mut applied[event], true) {
                     continue;
                 }
+                counters.push(cluster.proxy_counters());
                 for action in &events[event].actions {
                     if let Err(e) = cluster.apply(action).await {
                         failure.get_or_insert(e);
@@ -261,11 +265,12 @@ async fn drive(
                 starts.push((events[event].name.clone(), started.elapsed()));
                 sequencer.applied(event);
             }
-            (starts, failure)
+            (starts, counters, failure)
         })
     };
 
     let objectives = scenario.objectives(strategy);
+    let counters_at_start = cluster.proxy_counters();
     let sampler = HostSampler::start();
     let mut clients = Vec::new();
     for (i, spec) in scenario.clients.iter().enumerate() {
@@ -291,12 +296,13 @@ async fn drive(
                 .map_err(|e| TestbedError::Invalid(format!("a client failed: {e}")))?,
         );
     }
+    let counters_at_end = cluster.proxy_counters();
     let host = sampler.finish().await;
     if host.noisy {
         tracing::warn!(run = %label, lag_p99_ms = host.lag_p99_ms, "the host was busy: this run is noisy");
     }
     let _ = stop.send(true);
-    let (phase_starts, failure) = driver
+    let (phase_starts, phase_ends, failure) = driver
         .await
         .map_err(|e| TestbedError::Invalid(format!("the event driver failed: {e}")))?;
     if let (Some(board), Some(id)) = (board, progress_id) {
@@ -306,7 +312,7 @@ async fn drive(
         return Err(e);
     }
     records.sort_by_key(|r| r.seq);
-    Ok(report(
+    let mut run = report(
         scenario,
         strategy,
         label,
@@ -314,7 +320,23 @@ async fn drive(
         phase_starts,
         warmed_up,
         host,
-    ))
+    );
+    run.proxy = counters_at_end.since(&counters_at_start);
+    // Phase k runs from the k-th snapshot (the start, then each event) to the next.
+    let bounds: Vec<ProxyCounters> = std::iter::once(counters_at_start)
+        .chain(phase_ends)
+        .chain(std::iter::once(counters_at_end))
+        .collect();
+    run.proxy_phases = run
+        .phase_starts
+        .iter()
+        .zip(bounds.windows(2))
+        .map(|((phase, _), pair)| ProxyPhase {
+            phase: phase.clone(),
+            counters: pair[1].since(&pair[0]),
+        })
+        .collect();
+    Ok(run)
 }
 
 /// Summarise one run's records.
@@ -435,6 +457,8 @@ fn report(
         host,
         repeat: 1,
         series: label.to_string(),
+        proxy: ProxyCounters::default(),
+        proxy_phases: Vec::new(),
         records,
         instance_names,
         phase_starts: phase_list,

@@ -199,6 +199,54 @@ pub struct PhaseReport {
     pub per_instance: BTreeMap<String, u64>,
 }
 
+/// What the nodes' proxies counted, summed over every node's Prometheus registry:
+/// failed upstream attempts by kind (`proxima_upstream_errors_total`) and QoS-pool
+/// membership changes (`proxima_pool_changes_total`). It shows how the proxies met
+/// unreachable nodes: with packets dropped, a new connection's connect times out
+/// (`connect`, then a retry elsewhere and the endpoint's cooldown) and a request on an
+/// open connection runs into the service's `timeout` (`timeouts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProxyCounters {
+    /// Connects that failed: refused, unreachable or over `connect-timeout`.
+    pub connect_failures: u64,
+    /// Attempts over the service's `timeout` (the client got 504).
+    pub timeouts: u64,
+    /// Connections that broke after the request was sent.
+    pub resets: u64,
+    pub protocol_errors: u64,
+    /// Endpoints evicted from, and readmitted to, a QoS pool.
+    pub evictions: u64,
+    pub readmissions: u64,
+}
+
+impl ProxyCounters {
+    /// What was counted after `earlier` (a snapshot of the same counters).
+    pub fn since(&self, earlier: &ProxyCounters) -> ProxyCounters {
+        ProxyCounters {
+            connect_failures: self
+                .connect_failures
+                .saturating_sub(earlier.connect_failures),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            resets: self.resets.saturating_sub(earlier.resets),
+            protocol_errors: self.protocol_errors.saturating_sub(earlier.protocol_errors),
+            evictions: self.evictions.saturating_sub(earlier.evictions),
+            readmissions: self.readmissions.saturating_sub(earlier.readmissions),
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == ProxyCounters::default()
+    }
+}
+
+/// The proxies' counters of one phase (see [`ProxyCounters`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct ProxyPhase {
+    pub phase: String,
+    #[serde(flatten)]
+    pub counters: ProxyCounters,
+}
+
 /// Requests of one client.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClientReport {
@@ -234,6 +282,10 @@ pub struct RunReport {
     /// repeats it belongs to (its label without ` #k`).
     pub repeat: u32,
     pub series: String,
+    /// The nodes' proxies' failed upstream attempts and pool changes while the clients
+    /// ran, in all and per phase.
+    pub proxy: ProxyCounters,
+    pub proxy_phases: Vec<ProxyPhase>,
     /// Responses minus (requests per instance + errors): 0 when every request was
     /// counted exactly once.
     pub accounting_gap: i64,

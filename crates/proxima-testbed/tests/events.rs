@@ -1,6 +1,11 @@
 //! Events that make a node or a link unreachable, on a real emulated cluster: requests
 //! that cross a blackholed link or reach a node that is down hang until the client gives
 //! up (a timeout, not a refused connection). The client waits 300 ms, the link is 5 ms.
+//! The packets are dropped by nftables, so the test runs in a network namespace of its
+//! own (`tests/k8s/netns.rs`).
+
+#[path = "../../../tests/k8s/netns.rs"]
+mod netns;
 
 use proxima_testbed::client::ErrorKind;
 use proxima_testbed::{plan, run_jobs, RunOptions, ScenarioFile};
@@ -25,6 +30,9 @@ testbed: { discovery-interval: 100ms, peer-probe-interval: 200ms }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholes_and_lost_nodes_make_requests_time_out() {
+    if netns::isolated("blackholes_and_lost_nodes_make_requests_time_out").is_none() {
+        return;
+    }
     let file = ScenarioFile::parse(SCENARIO).unwrap();
     let jobs = plan(&file, &[], &[]).unwrap();
     let options = RunOptions {

@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
 use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
 use proxima_testbed::{
-    k8s, plan, plot, run_jobs, DiscoveryMode, ProgressBoard, RunOptions, ScenarioFile, StrategySpec,
+    cluster, k8s, netns, plan, plot, run_jobs, DiscoveryMode, ProgressBoard, RunOptions,
+    ScenarioFile, StrategySpec,
 };
 use tokio::sync::watch;
 
@@ -73,6 +74,12 @@ enum Command {
         /// (needs root), nodes on 10.251.K.N.
         #[arg(long)]
         kube: bool,
+        /// Run in the host's network namespace instead of the testbed's own (which
+        /// needs root or user namespaces). Scenarios with `blackhole` or `node-down`
+        /// events are refused then: they drop packets with nftables, which only happens
+        /// in the testbed's own namespace.
+        #[arg(long, conflicts_with = "kube")]
+        host_network: bool,
     },
     /// Check a scenario file and show what it would run.
     Check { scenario: PathBuf },
@@ -209,6 +216,7 @@ async fn run(command: Command) -> Result<()> {
             no_plots,
             quiet,
             kube,
+            host_network,
         } => {
             let file = load(&scenario)?;
             let strategies: Vec<StrategySpec> = strategies
@@ -239,23 +247,38 @@ async fn run(command: Command) -> Result<()> {
             if kube && parallel > 1 {
                 anyhow::bail!("--kube runs one at a time (the runs share one API server)");
             }
-            if kube && std::env::var_os(k8s::NETNS_ENV).is_none() {
-                // Again, in a network namespace of its own holding the node addresses.
-                let nodes = jobs
-                    .iter()
-                    .map(|j| j.scenario.nodes.len())
-                    .max()
-                    .unwrap_or(0);
-                let addresses: Vec<_> = (0..nodes).map(|i| k8s::node_address(0, i)).collect();
-                let status = k8s::reexec_isolated(&addresses)?;
+            if host_network {
+                if let Some(job) = jobs.iter().find(|j| cluster::drops_packets(&j.scenario)) {
+                    anyhow::bail!(
+                        "--host-network: scenario {} has blackhole or node-down events, \
+                         which drop packets with nftables in the testbed's own network \
+                         namespace; run without --host-network",
+                        job.scenario.name
+                    );
+                }
+            } else if !netns::inside() {
+                // Again, in a network namespace of its own (holding the node addresses
+                // with --kube; 127.K.1.N are its loopback addresses otherwise).
+                let addresses: Vec<_> = if kube {
+                    let nodes = jobs
+                        .iter()
+                        .map(|j| j.scenario.nodes.len())
+                        .max()
+                        .unwrap_or(0);
+                    (0..nodes).map(|i| k8s::node_address(0, i)).collect()
+                } else {
+                    Vec::new()
+                };
+                let status = netns::reexec_isolated(&addresses)?;
                 return if status.success() {
                     Ok(())
                 } else {
                     Err(anyhow::anyhow!("the isolated run failed ({status})"))
                 };
+            } else {
+                netns::check_isolated()?;
             }
             let control_plane = if kube {
-                k8s::check_isolated()?;
                 eprintln!("starting etcd and kube-apiserver v{}", k8s::K8S_VERSION);
                 Some(k8s::ControlPlane::start().await?)
             } else {
