@@ -21,6 +21,11 @@
 //!   is warming and admitted on the initial estimate, but it leaves as soon as every
 //!   one of its fresh samples misses, and after warming for `max_age` it is judged on
 //!   whatever fresh samples it has.
+//! * **New pods are probed before they cost a request.** Every endpoint never measured
+//!   gets one background probe at once. One added to a service whose pods are already
+//!   measured stays out of the pool until it has been measured (Envoy's
+//!   `ignore_new_hosts_until_first_hc`); the pods of a new service are tried at once on
+//!   the initial estimate, probes or not, so that nothing waits.
 //! * **Re-admission without flapping.** Evicted pods are probed: quickly (every
 //!   `probe-interval`) while probes succeed, with doubling backoff while they fail. A
 //!   pod evicted again within `max_age` of its return waits twice as long before its
@@ -30,7 +35,9 @@
 //!   (Envoy's `slow_start_config`) instead of taking a burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
 //!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
-//!   aside: neither good nor bad evidence. See [`Observation::stall`].
+//!   aside: neither good nor bad evidence. See [`Observation::stall`]. The pool's last
+//!   member is not evicted right after a stall; it is judged on its evidence once the
+//!   stall is out of memory, traffic or not.
 //!
 //! One [`EndpointState`] lives as long as the endpoint's id stays in its service, across
 //! any number of discovery updates. The hot path reads only atomics (`in_flight`,
