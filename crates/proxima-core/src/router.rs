@@ -767,6 +767,31 @@ impl Router {
         due
     }
 
+    /// How many endpoints still wait for their first measurement (probe or request), of
+    /// the services whose strategy probes: what a proxy that just started has yet to
+    /// learn before it knows which new pods cannot meet their SLO.
+    pub fn first_probes_pending(&self, now: Instant) -> usize {
+        let table = self.table.load();
+        let env = self.environment.load();
+        table
+            .services
+            .values()
+            .filter(|route| route.strategy.probes_evicted())
+            .map(|route| {
+                route
+                    .eligible()
+                    .iter()
+                    .filter(|&&i| {
+                        let state = &route.endpoints[i].state;
+                        state.warming()
+                            && !state.measured()
+                            && route.too_far(i, &env, self.local_node(), now).is_none()
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
     /// An endpoint kept in the pool only because the proxy had just stalled is judged
     /// on its evidence once the stall is out of memory, without waiting for traffic.
     fn rejudge_after_stall(&self, now: Instant) {

@@ -865,8 +865,19 @@ fn without_a_measured_member_new_pods_still_take_traffic_on_the_initial_estimate
     let r = router(3, &[("latency-slo", "80ms")], t0);
     let mut rng = SmallRng::seed_from_u64(23);
     // Probes in flight and unanswered: the first requests are not held back.
-    assert_eq!(r.due_probes(t0).len(), 3);
+    assert_eq!(r.first_probes_pending(t0), 3);
+    let probes = r.due_probes(t0);
+    assert_eq!(probes.len(), 3);
     assert_eq!(pool(&r), ["pod-0", "pod-1", "pod-2"]);
     let (_, reason) = request(&r, t0, &mut rng, &|_| ok(ms(10)));
     assert!(matches!(reason, Reason::Pool), "{reason:?}");
+    assert_eq!(
+        r.first_probes_pending(t0),
+        2,
+        "the request measured one pod"
+    );
+    for probe in probes {
+        r.finish_probe(probe, t0 + ms(5), ok(ms(5)));
+    }
+    assert_eq!(r.first_probes_pending(t0 + ms(5)), 0);
 }

@@ -794,7 +794,11 @@ impl Cluster {
                     .filter(|other| other.name != node.name)
                     .all(|other| env.latency(&other.name, now).is_some());
                 let usages = reporting.iter().all(|n| env.usage(n, now).is_some());
-                routed && latencies && usages
+                // A proxy that has run for a while has probed every pod once (see
+                // `Router::first_probes_pending`); traffic at its first millisecond
+                // would measure the start-up, not the strategy.
+                let probed = node.router.first_probes_pending(now) == 0;
+                routed && latencies && usages && probed
             });
             if ready {
                 return true;
