@@ -124,12 +124,18 @@ fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
 /// Whether `a` holds more requests in flight than its latency explains next to `b`.
 fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
     let (sa, sb) = (&ctx.route.endpoints[a].state, &ctx.route.endpoints[b].state);
+    let in_flight = f64::from(sa.in_flight());
+    // The right-hand side is at least the slack (the ratio is never negative): below
+    // it there is no need to decay the two peak EWMAs, the costly part of the test.
+    if in_flight < SATURATION_SLACK {
+        return false;
+    }
     let ratio = match (sa.peak_ewma(ctx.now), sb.peak_ewma(ctx.now)) {
         (Some(la), Some(lb)) if !lb.is_zero() => la.as_secs_f64() / lb.as_secs_f64(),
         _ => 1.0,
     };
     let others = f64::from(sb.in_flight().max(1));
-    f64::from(sa.in_flight()) >= SATURATION_SLACK + 2.0 * others * ratio
+    in_flight >= SATURATION_SLACK + 2.0 * others * ratio
 }
 
 /// The best estimate of an endpoint's response time at the SLO percentile, in µs (see
