@@ -94,9 +94,11 @@ fn bench_pick(c: &mut Criterion) {
     for strategy in STRATEGIES {
         for n in SIZES {
             let now = Instant::now();
-            let router = warmed_router(strategy, n, now);
+            let mut router = None;
             let mut rng = SmallRng::seed_from_u64(7);
             group.bench_with_input(BenchmarkId::new(strategy, n), &n, |b, _| {
+                // Warmed up only when this benchmark is selected (it takes seconds).
+                let router = router.get_or_insert_with(|| warmed_router(strategy, n, now));
                 b.iter(|| {
                     let picked = router.pick(&key(), None, now, &mut rng, &[]).unwrap();
                     black_box(picked.addr)
@@ -112,10 +114,11 @@ fn bench_record(c: &mut Criterion) {
     for strategy in STRATEGIES {
         for n in SIZES {
             let now = Instant::now();
-            let router = warmed_router(strategy, n, now);
+            let mut router = None;
             let mut rng = SmallRng::seed_from_u64(9);
             let mut t = now;
             group.bench_with_input(BenchmarkId::new(strategy, n), &n, |b, _| {
+                let router = router.get_or_insert_with(|| warmed_router(strategy, n, now));
                 b.iter_batched(
                     || router.pick(&key(), None, now, &mut rng, &[]).unwrap(),
                     |picked| {

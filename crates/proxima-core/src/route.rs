@@ -27,6 +27,7 @@
 //! So a pick never sees a half-built route; at worst it sees a pool or a cache one
 //! update behind, which is the same as having picked a moment earlier.
 
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,6 +56,10 @@ pub struct NodeGroup {
     pub members: Vec<usize>,
 }
 
+/// A port of the service as the router resolved it: the index of a service port, or
+/// `None` for the unnamed port of a service declared without ports.
+pub type PortSlot = Option<usize>;
+
 /// Marks an endpoint that is in no node group (not eligible).
 const NO_GROUP: u32 = u32::MAX;
 
@@ -69,6 +74,9 @@ pub struct Route {
     nodes: Vec<NodeGroup>,
     /// For each endpoint, the index of its group in `nodes` (`NO_GROUP`: not eligible).
     group_of: Vec<u32>,
+    /// Each endpoint's socket address per [`PortSlot`]: one list for the unnamed port,
+    /// then one per service port (resolved once here rather than on every pick).
+    addrs: Vec<Vec<Option<SocketAddr>>>,
     /// Shared by every route built for this service (see [`Route::none_cooling`]).
     cooldowns: Arc<CooldownHorizon>,
     /// The router's epoch: the origin of the horizon's nanoseconds.
@@ -95,9 +103,22 @@ impl Route {
             }
         }
         let cooldowns = previous.map_or_else(Arc::default, |p| p.cooldowns.clone());
+        let names = [""]
+            .into_iter()
+            .chain(spec.ports.iter().map(|p| p.name.as_str()));
+        let addrs = names
+            .map(|name| {
+                let addr = |e: &RouteEndpoint| {
+                    let port = e.endpoint.port(name)?;
+                    Some(SocketAddr::new(e.endpoint.ip, port))
+                };
+                endpoints.iter().map(addr).collect()
+            })
+            .collect();
         let route = Self {
             spec,
             endpoints,
+            addrs,
             eligible,
             pool: ArcSwap::from_pointee(Vec::new()),
             nodes,
@@ -151,6 +172,18 @@ impl Route {
             .get(index)
             .filter(|&&g| g != NO_GROUP)
             .map(|&g| g as usize)
+    }
+
+    /// The name endpoints give the port in `slot` (empty for the unnamed port).
+    pub fn port_name(&self, slot: PortSlot) -> &str {
+        slot.and_then(|i| self.spec.ports.get(i))
+            .map_or("", |p| p.name.as_str())
+    }
+
+    /// Endpoint `index`'s address for the port in `slot`, if it has that port (see
+    /// [`Endpoint::port`]).
+    pub fn addr(&self, slot: PortSlot, index: usize) -> Option<SocketAddr> {
+        *self.addrs.get(slot.map_or(0, |i| i + 1))?.get(index)?
     }
 
     /// Whether endpoints are only there as a terminating fallback.

@@ -30,7 +30,7 @@ use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange}
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
 use crate::retry_budget::RetryBudget;
-use crate::route::{Route, RouteEndpoint};
+use crate::route::{PortSlot, Route, RouteEndpoint};
 use crate::settings::{ProbeShape, ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
@@ -112,7 +112,8 @@ impl ServiceRoute {
 /// routes in it update their QoS pools and caches in place (see the module docs).
 #[derive(Debug, Default)]
 pub struct Table {
-    pub services: HashMap<ServiceKey, Arc<ServiceRoute>>,
+    /// Looked up on every pick, so hashed with foldhash rather than SipHash.
+    pub services: HashMap<ServiceKey, Arc<ServiceRoute>, foldhash::fast::RandomState>,
     pub nodes: BTreeMap<String, Node>,
 }
 
@@ -463,7 +464,7 @@ impl Router {
             .services
             .get(service)
             .ok_or(PickError::UnknownService)?;
-        let port_name = resolve_port(route, port)?;
+        let port = resolve_port_slot(route, port)?;
         let mut excluded: Vec<usize> = exclude.iter().filter_map(|id| route.index_of(id)).collect();
         // A strategy may pick an endpoint that lacks the requested port; skip it and ask
         // again, at most once per endpoint.
@@ -487,16 +488,8 @@ impl Router {
                         .flatten()
                 })
                 .ok_or(PickError::NoEndpoints)?;
-            let endpoint = &route.endpoints[choice.index];
-            match endpoint.endpoint.port(port_name) {
-                Some(p) => {
-                    return Ok(self.picked(
-                        route,
-                        choice,
-                        SocketAddr::new(endpoint.endpoint.ip, p),
-                        now,
-                    ))
-                }
+            match route.addr(port, choice.index) {
+                Some(addr) => return Ok(self.picked(route, choice, addr, now)),
                 None => excluded.push(choice.index),
             }
         }
@@ -756,19 +749,28 @@ fn resolve_port<'r>(
     route: &'r ServiceRoute,
     port: Option<PortRef<'_>>,
 ) -> Result<&'r str, PickError> {
+    resolve_port_slot(route, port).map(|slot| route.port_name(slot))
+}
+
+/// The requested service port as a [`PortSlot`] of the route: the index of the
+/// service port, or `None` for the unnamed one.
+fn resolve_port_slot(
+    route: &ServiceRoute,
+    port: Option<PortRef<'_>>,
+) -> Result<PortSlot, PickError> {
     let ports = &route.spec.ports;
     let found = match port {
-        None => return Ok(ports.first().map_or("", |p| p.name.as_str())),
-        Some(PortRef::Name(name)) => ports.iter().find(|p| p.name == name),
-        Some(PortRef::Number(n)) => ports.iter().find(|p| p.port == n),
+        None => return Ok((!ports.is_empty()).then_some(0)),
+        Some(PortRef::Name(name)) => ports.iter().position(|p| p.name == name),
+        Some(PortRef::Number(n)) => ports.iter().position(|p| p.port == n),
     };
     match (found, port) {
-        (Some(p), _) => Ok(p.name.as_str()),
+        (Some(p), _) => Ok(Some(p)),
         // A service declared without ports takes any port number (file discovery).
-        (None, Some(PortRef::Number(_))) if ports.is_empty() => Ok(""),
+        (None, Some(PortRef::Number(_))) if ports.is_empty() => Ok(None),
         (None, Some(PortRef::Name(n))) => Err(PickError::UnknownPort(n.to_string())),
         (None, Some(PortRef::Number(n))) => Err(PickError::UnknownPort(n.to_string())),
-        (None, None) => Ok(""),
+        (None, None) => Ok(None),
     }
 }
 
