@@ -1,6 +1,6 @@
 //! One service as routed: its endpoints with their live state, which of them may take
 //! traffic, its QoS pool, and its endpoints grouped by node. This is everything a
-//! strategy reads when it picks (see [`crate::strategy::PickContext`]); the router pairs
+//! strategy reads when it picks (see `strategy::PickContext`); the router pairs
 //! a [`Route`] with the strategy that picks among it (`router::ServiceRoute`). The module
 //! depends on neither, so imports run one way: `router` → `strategy` → `route`.
 //!

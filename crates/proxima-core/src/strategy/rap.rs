@@ -174,18 +174,19 @@ mod tests {
 
     use std::collections::BTreeMap;
     use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use rand::rngs::SmallRng;
     use rand::{Rng, RngCore, SeedableRng};
 
+    use super::super::{Choice, PickContext, Reason, Strategy};
     use super::Rap;
-    use crate::environment::Usage;
-    use crate::model::{Conditions, Endpoint, ServiceKey, ServiceSpec, Update};
-    use crate::router::Router;
+    use crate::endpoint::{EndpointState, Observation, Outcome};
+    use crate::environment::{Environment, Usage};
+    use crate::model::{Conditions, Endpoint, ServiceKey, ServiceSpec};
+    use crate::route::{Route, RouteEndpoint};
     use crate::settings::ServiceSettings;
-    use crate::strategy::{Choice, PickContext, Reason, Strategy};
-    use crate::Outcome;
 
     /// RAP as first written: candidates grouped by node on every pick.
     fn reference(rap: &Rap, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
@@ -254,7 +255,13 @@ mod tests {
             let t0 = Instant::now();
             let nodes = gen.gen_range(1..6);
             let pods = gen.gen_range(1..25);
-            let endpoints: Vec<Endpoint> = (0..pods)
+            let mut pairs = vec![("strategy", "rap".to_string())];
+            if gen.gen_bool(0.5) {
+                pairs.push(("rap-weight-latency", gen.gen_range(0..5).to_string()));
+            }
+            let (settings, _) =
+                ServiceSettings::from_pairs(pairs.iter().map(|(k, v)| (*k, v.as_str())));
+            let endpoints: Vec<RouteEndpoint> = (0..pods)
                 .map(|i| {
                     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 9000 + i as u16));
                     let e = Endpoint::new(format!("pod-{i}"), addr).with_conditions(Conditions {
@@ -262,65 +269,56 @@ mod tests {
                         serving: true,
                         terminating: gen.gen_bool(0.3),
                     });
-                    match gen.gen_range(0..nodes + 1) {
+                    let endpoint = match gen.gen_range(0..nodes + 1) {
                         0 => e,
                         n => e.on_node(format!("node-{n}")),
+                    };
+                    let state = EndpointState::new(&settings, t0);
+                    // Refused connections put some pods in cooldown.
+                    if gen.gen_bool(0.15) {
+                        let plain = Observation::plain(false);
+                        state.observe(t0, Outcome::ConnectFailed, &settings, &plain);
+                    }
+                    RouteEndpoint {
+                        endpoint,
+                        state: Arc::new(state),
                     }
                 })
                 .collect();
-            let mut pairs = vec![("strategy", "rap".to_string())];
-            if gen.gen_bool(0.5) {
-                pairs.push(("rap-weight-latency", gen.gen_range(0..5).to_string()));
-            }
-            let (settings, _) =
-                ServiceSettings::from_pairs(pairs.iter().map(|(k, v)| (*k, v.as_str())));
-            let router = Router::new(gen.gen_bool(0.8).then(|| "node-1".to_string()));
-            router.apply(
-                [Update::Reset {
-                    nodes: vec![],
-                    services: vec![(ServiceSpec::new(key.clone(), vec![], settings), endpoints)],
-                }],
-                t0,
-            );
+            let spec = ServiceSpec::new(key.clone(), vec![], settings.clone());
+            let route = Route::new(spec, endpoints, None, t0);
             // Readings for some nodes, some of them old enough to turn stale.
-            router.update_environment(|env| {
-                for n in 1..=nodes {
-                    let at = t0 + Duration::from_secs(gen.gen_range(0..3) * 20);
-                    if gen.gen_bool(0.7) {
-                        let rtt = Duration::from_millis(gen.gen_range(0..4) * 5);
-                        env.set_latency(format!("node-{n}"), rtt, at);
-                    }
-                    if gen.gen_bool(0.7) {
-                        let level = |g: &mut SmallRng| [0.2, 0.5, 0.95][g.gen_range(0..3)];
-                        let usage = Usage {
-                            cpu: level(&mut gen),
-                            ram: level(&mut gen),
-                        };
-                        env.set_usage(format!("node-{n}"), usage, at);
-                    }
+            let mut env = Environment::default();
+            for n in 1..=nodes {
+                let at = t0 + Duration::from_secs(gen.gen_range(0..3) * 20);
+                if gen.gen_bool(0.7) {
+                    let rtt = Duration::from_millis(gen.gen_range(0..4) * 5);
+                    env.set_latency(format!("node-{n}"), rtt, at);
                 }
-            });
-            // Refused connections put some pods in cooldown.
-            let mut rng = SmallRng::seed_from_u64(scenario);
-            for _ in 0..gen.gen_range(0..4) {
-                if let Ok(p) = router.pick(&key, None, t0, &mut rng, &[]) {
-                    router.record(&p, t0, Outcome::ConnectFailed);
+                if gen.gen_bool(0.7) {
+                    let level = |g: &mut SmallRng| [0.2, 0.5, 0.95][g.gen_range(0..3)];
+                    let usage = Usage {
+                        cpu: level(&mut gen),
+                        ram: level(&mut gen),
+                    };
+                    env.set_usage(format!("node-{n}"), usage, at);
                 }
             }
-            let table = router.table();
-            let route = &table.services[&key];
-            let (rap, _) = Rap::from_settings(route.settings());
-            let env = router.environment();
+            let env = Arc::new(env);
+            let local_node = gen.gen_bool(0.8).then_some("node-1");
+            let (rap, _) = Rap::from_settings(&settings);
+            let topology = BTreeMap::new();
             for step in 0..20u64 {
-                let now = t0 + Duration::from_secs(step * 5);
+                // From inside the cooldowns (250 ms) to past every reading.
+                let now = t0 + Duration::from_millis(step * step * 300);
                 let exclude: Vec<usize> = (0..route.endpoints.len())
                     .filter(|_| gen.gen_bool(0.15))
                     .collect();
                 let ctx = PickContext {
-                    route: route.route(),
+                    route: &route,
                     now,
-                    local_node: router.local_node(),
-                    nodes: &table.nodes,
+                    local_node,
+                    nodes: &topology,
                     environment: &env,
                     exclude: &exclude,
                 };
