@@ -370,9 +370,7 @@ impl EndpointState {
         self.warming.load(Ordering::Relaxed)
     }
 
-    /// Whether any outcome has ever been stored for it (see [`ServiceRoute::pool`]).
-    ///
-    /// [`ServiceRoute::pool`]: crate::router::ServiceRoute::pool
+    /// Whether any outcome has ever been stored for it (see `Route::pool`).
     pub fn measured(&self) -> bool {
         self.measured.load(Ordering::Relaxed)
     }

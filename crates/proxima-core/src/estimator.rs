@@ -19,6 +19,13 @@
 //! Failed requests (a failure status such as a fast `500`, a reset, a timeout, a refused
 //! connection, or an attempt still unanswered when the SLO passed) are stored as misses:
 //! they count against the SLO whatever the threshold. Reading never changes the estimator; `now` is always passed in.
+//!
+//! Cost: the pool re-judges an endpoint after every measurement, so the estimator keeps
+//! its window's values sorted as they come and go (an insertion and a removal in a
+//! sorted array of `window` values) and tracks its oldest sample (a monotonic queue).
+//! While every sample is fresh, which is the steady state, a prediction is then two
+//! binary searches and one array read; only a window holding stale samples is filtered
+//! and ranked sample by sample. Both ways give the same numbers.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -33,6 +40,8 @@ const MISS_US: u64 = u64::MAX;
 struct Sample {
     at: Instant,
     micros: u64,
+    /// Position in the sequence of samples ever pushed (identifies it in `oldest`).
+    seq: u64,
 }
 
 /// Sliding-window latency estimator for one endpoint. See the module docs.
@@ -40,6 +49,11 @@ struct Sample {
 pub struct LatencyEstimator {
     window: usize,
     samples: VecDeque<Sample>,
+    /// The values of `samples`, ascending.
+    sorted: Vec<u64>,
+    /// Candidates for the oldest sample as `(seq, at)`, both ascending: the front is
+    /// the oldest sample in the window (a monotonic queue over the window).
+    oldest: VecDeque<(u64, Instant)>,
     ewma_us: Option<f64>,
     total: u64,
 }
@@ -76,6 +90,8 @@ impl LatencyEstimator {
         Self {
             window,
             samples: VecDeque::with_capacity(window),
+            sorted: Vec::with_capacity(window),
+            oldest: VecDeque::new(),
             ewma_us: None,
             total: 0,
         }
@@ -88,9 +104,7 @@ impl LatencyEstimator {
     /// Change the window size, keeping the newest samples.
     pub fn resize(&mut self, window: usize) {
         self.window = window.max(1);
-        while self.samples.len() > self.window {
-            self.samples.pop_front();
-        }
+        self.keep_newest(self.window);
     }
 
     /// Record a response-time measurement taken at `now`.
@@ -98,7 +112,7 @@ impl LatencyEstimator {
         let micros = u64::try_from(latency.as_micros())
             .unwrap_or(MISS_US - 1)
             .min(MISS_US - 1);
-        self.push(Sample { at: now, micros });
+        self.push(now, micros);
         let x = micros as f64;
         self.ewma_us = Some(match self.ewma_us {
             Some(prev) => prev + EWMA_ALPHA * (x - prev),
@@ -108,24 +122,44 @@ impl LatencyEstimator {
 
     /// Record a failed request (reset, timeout, 5xx from a broken connection).
     pub fn record_failure(&mut self, now: Instant) {
-        self.push(Sample {
-            at: now,
-            micros: MISS_US,
-        });
+        self.push(now, MISS_US);
     }
 
-    fn push(&mut self, sample: Sample) {
+    fn push(&mut self, at: Instant, micros: u64) {
         if self.samples.len() == self.window {
-            self.samples.pop_front();
+            self.pop_oldest();
         }
-        self.samples.push_back(sample);
+        let seq = self.total;
+        self.samples.push_back(Sample { at, micros, seq });
+        let position = self.sorted.partition_point(|&v| v < micros);
+        self.sorted.insert(position, micros);
+        while self.oldest.back().is_some_and(|&(_, t)| t >= at) {
+            self.oldest.pop_back();
+        }
+        self.oldest.push_back((seq, at));
         self.total += 1;
+    }
+
+    /// Drop the sample pushed first.
+    fn pop_oldest(&mut self) {
+        let Some(sample) = self.samples.pop_front() else {
+            return;
+        };
+        let position = self.sorted.partition_point(|&v| v < sample.micros);
+        self.sorted.remove(position);
+        if self
+            .oldest
+            .front()
+            .is_some_and(|&(seq, _)| seq == sample.seq)
+        {
+            self.oldest.pop_front();
+        }
     }
 
     /// Forget every sample except the newest `keep`.
     pub fn keep_newest(&mut self, keep: usize) {
         while self.samples.len() > keep {
-            self.samples.pop_front();
+            self.pop_oldest();
         }
     }
 
@@ -137,6 +171,24 @@ impl LatencyEstimator {
         let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
         self.samples
             .retain(|s| s.at >= before || s.micros <= slo_us);
+        // Rare (a re-admission): rebuild the sorted values and the oldest-sample queue.
+        self.sorted.clear();
+        self.sorted.extend(self.samples.iter().map(|s| s.micros));
+        self.sorted.sort_unstable();
+        self.oldest.clear();
+        for s in &self.samples {
+            while self.oldest.back().is_some_and(|&(_, t)| t >= s.at) {
+                self.oldest.pop_back();
+            }
+            self.oldest.push_back((s.seq, s.at));
+        }
+    }
+
+    /// Whether every sample in the window is fresh at `now`.
+    fn all_fresh(&self, now: Instant, max_age: Duration) -> bool {
+        self.oldest
+            .front()
+            .is_none_or(|&(_, at)| now.saturating_duration_since(at) <= max_age)
     }
 
     /// Measurements recorded over the estimator's life.
@@ -172,11 +224,21 @@ impl LatencyEstimator {
         scratch: &mut Vec<u64>,
     ) -> Prediction {
         let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
-        scratch.clear();
-        scratch.extend(self.fresh(now, max_age).map(|s| s.micros));
-        let samples = scratch.len();
-        let within_slo = scratch.iter().filter(|&&v| v <= slo_us).count();
-        let quantile = nearest_rank(scratch, percentile).map(|us| {
+        let (samples, within_slo, quantile) = if self.all_fresh(now, max_age) {
+            let sorted = &self.sorted;
+            let quantile = rank_index(sorted.len(), percentile).map(|i| sorted[i]);
+            (
+                sorted.len(),
+                sorted.partition_point(|&v| v <= slo_us),
+                quantile,
+            )
+        } else {
+            scratch.clear();
+            scratch.extend(self.fresh(now, max_age).map(|s| s.micros));
+            let within_slo = scratch.iter().filter(|&&v| v <= slo_us).count();
+            (scratch.len(), within_slo, nearest_rank(scratch, percentile))
+        };
+        let quantile = quantile.map(|us| {
             if us == MISS_US {
                 Duration::MAX
             } else {
@@ -195,6 +257,12 @@ impl LatencyEstimator {
     /// measurement path).
     pub fn count_within(&self, now: Instant, max_age: Duration, slo: Duration) -> (usize, usize) {
         let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        if self.all_fresh(now, max_age) {
+            return (
+                self.sorted.len(),
+                self.sorted.partition_point(|&v| v <= slo_us),
+            );
+        }
         self.fresh(now, max_age).fold((0, 0), |(n, ok), s| {
             (n + 1, ok + usize::from(s.micros <= slo_us))
         })
@@ -205,7 +273,7 @@ impl LatencyEstimator {
             .map(|us| Duration::from_micros(us.round() as u64))
     }
 
-    /// The newest `n` samples, newest last, as `(age at now, latency or None for a miss)`.
+    /// The latencies of the newest `n` samples, newest last; `None` for a miss.
     pub fn newest(&self, n: usize) -> impl Iterator<Item = Option<Duration>> + '_ {
         let skip = self.samples.len().saturating_sub(n);
         self.samples
@@ -217,14 +285,18 @@ impl LatencyEstimator {
 
 /// Nearest-rank percentile: the smallest value with at least `p%` of values ≤ it.
 fn nearest_rank(values: &mut [u64], percentile: f64) -> Option<u64> {
-    if values.is_empty() {
-        return None;
-    }
-    let n = values.len();
-    let rank = ((percentile / 100.0) * n as f64).ceil() as usize;
-    let index = rank.clamp(1, n) - 1;
+    let index = rank_index(values.len(), percentile)?;
     let (_, v, _) = values.select_nth_unstable(index);
     Some(*v)
+}
+
+/// The 0-based position of the nearest-rank `percentile` among `n` sorted values.
+fn rank_index(n: usize, percentile: f64) -> Option<usize> {
+    if n == 0 {
+        return None;
+    }
+    let rank = ((percentile / 100.0) * n as f64).ceil() as usize;
+    Some(rank.clamp(1, n) - 1)
 }
 
 #[cfg(test)]
@@ -316,5 +388,84 @@ mod tests {
         let a = e.predict(t0, ms(100), ms(5), 95.0);
         let b = e.predict(t0, ms(100), ms(5), 95.0);
         assert_eq!(a, b);
+    }
+
+    /// The prediction written out: filter the fresh samples, sort, rank.
+    fn brute_force(
+        samples: &[(Instant, u64)],
+        now: Instant,
+        max_age: Duration,
+        slo: Duration,
+        percentile: f64,
+    ) -> (usize, usize, Option<Duration>) {
+        let mut fresh: Vec<u64> = samples
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= max_age)
+            .map(|&(_, v)| v)
+            .collect();
+        fresh.sort_unstable();
+        let slo_us = slo.as_micros() as u64;
+        let within = fresh.iter().filter(|&&v| v <= slo_us).count();
+        let quantile = rank_index(fresh.len(), percentile).map(|i| match fresh[i] {
+            MISS_US => Duration::MAX,
+            us => Duration::from_micros(us),
+        });
+        (fresh.len(), within, quantile)
+    }
+
+    #[test]
+    fn incremental_prediction_equals_the_prediction_over_the_window() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        let t0 = Instant::now();
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let window = rng.gen_range(1..40);
+            let mut e = LatencyEstimator::new(window);
+            // What the window should hold: (at, micros), oldest first.
+            let mut model: Vec<(Instant, u64)> = Vec::new();
+            let mut clock = t0 + Duration::from_secs(1);
+            for _ in 0..rng.gen_range(1..200) {
+                // Mostly forward, sometimes a little back (concurrent recorders).
+                clock += Duration::from_millis(rng.gen_range(0..400));
+                let at = clock - Duration::from_millis(rng.gen_range(0..3) * 50);
+                match rng.gen_range(0..20) {
+                    0 => {
+                        e.record_failure(at);
+                        model.push((at, MISS_US));
+                    }
+                    1 => {
+                        let keep = rng.gen_range(0..window + 1);
+                        e.keep_newest(keep);
+                        let drop = model.len().saturating_sub(keep);
+                        model.drain(..drop);
+                        continue;
+                    }
+                    2 => {
+                        let slo = ms(rng.gen_range(1..100));
+                        e.forget_misses_before(at, slo);
+                        let slo_us = slo.as_micros() as u64;
+                        model.retain(|&(t, v)| t >= at || v <= slo_us);
+                        continue;
+                    }
+                    _ => {
+                        let micros = rng.gen_range(0..100_000);
+                        e.record(at, Duration::from_micros(micros));
+                        model.push((at, micros));
+                    }
+                }
+                if model.len() > window {
+                    model.remove(0);
+                }
+                let now = clock + Duration::from_millis(rng.gen_range(0..3000));
+                let max_age = ms(rng.gen_range(1..5000));
+                let slo = ms(rng.gen_range(1..100));
+                let percentile = [50.0, 90.0, 95.0, 99.0, 100.0][rng.gen_range(0..5)];
+                let p = e.predict(now, max_age, slo, percentile);
+                let expected = brute_force(&model, now, max_age, slo, percentile);
+                assert_eq!((p.samples, p.within_slo, p.quantile), expected);
+                assert_eq!(e.count_within(now, max_age, slo), (expected.0, expected.1));
+            }
+        }
     }
 }

@@ -10,8 +10,10 @@
 //!   annotations alike.
 //! * [`estimator`]: per-endpoint response-time estimator.
 //! * [`endpoint`]: per-endpoint live state and QoS-pool admission.
+//! * [`route`]: one service as routed: endpoints, eligibility, QoS pool, node groups;
+//!   what strategies read.
 //! * [`strategy`]: the `Strategy` trait, the QoS pool and the baselines.
-//! * [`router`]: the lock-free routing table.
+//! * [`router`]: the lock-free routing table (each service's route and strategy).
 //! * [`retry_budget`]: the per-service budget that bounds retries.
 
 pub mod endpoint;
@@ -20,6 +22,7 @@ pub mod estimator;
 pub mod explain;
 pub mod model;
 pub mod retry_budget;
+pub mod route;
 pub mod router;
 pub mod settings;
 pub mod strategy;
@@ -32,9 +35,9 @@ pub use model::{
     ServiceSpec, TrafficPolicy, Update,
 };
 pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};
+pub use route::{NodeGroup, NodeReadings, Route, RouteEndpoint};
 pub use router::{
-    ApplyReport, PickError, Picked, PortRef, ProbeTicket, RouteEndpoint, Router, ServiceRoute,
-    Table,
+    ApplyReport, PickError, Picked, PortRef, ProbeTicket, Router, ServiceRoute, Table,
 };
 pub use settings::{ProbeShape, ServiceSettings, SettingError, StatusSet};
-pub use strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
+pub use strategy::{Choice, NodeCandidates, PickContext, Reason, Strategy, StrategyRegistry};

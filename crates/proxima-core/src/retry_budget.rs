@@ -13,9 +13,16 @@
 //!
 //! Counting is per second slot in a ring of `ceil(ttl / 1 s)` slots: a slot older than
 //! `ttl` is forgotten as a whole, so the window is `ttl` rounded up to whole seconds. The
-//! budget is pure: the time is passed in, and the only shared state is one mutex-held
-//! ring per service, held for a few additions.
+//! budget is pure: the time is passed in.
+//!
+//! Counting a request is on every request's path, so it takes no lock: each slot keeps
+//! its second and its count packed in one atomic word, and one compare-and-swap both
+//! moves the slot to a new second and counts in it. Retries are rare and their check
+//! ("is there budget left?") must not be raced by another retry, so deciding a retry
+//! takes a mutex; the request counts it reads meanwhile can only grow, which only
+//! grants more.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -43,41 +50,71 @@ impl Default for RetryBudgetParams {
     }
 }
 
-/// Requests and retries counted in one second.
-#[derive(Clone, Copy, Debug, Default)]
+/// Requests and retries counted in one second, each as a [`Count`] word.
+#[derive(Debug, Default)]
 struct Slot {
-    /// Whole seconds since the budget's epoch; identifies the second this slot counts.
-    second: u64,
-    requests: u64,
-    retries: u64,
+    requests: AtomicU64,
+    retries: AtomicU64,
 }
 
-#[derive(Debug)]
-struct Window {
-    slots: Vec<Slot>,
+/// A count tagged with the second it belongs to, packed into one `u64`: the second
+/// (after the budget's epoch) in the high 32 bits, the count in the low 32 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Count {
+    second: u32,
+    count: u32,
 }
 
-impl Window {
-    /// The slot for `second`, cleared if it last counted an older second.
-    fn slot(&mut self, second: u64) -> &mut Slot {
-        let len = self.slots.len() as u64;
-        let slot = &mut self.slots[(second % len) as usize];
-        if slot.second != second {
-            *slot = Slot {
-                second,
-                ..Slot::default()
-            };
+impl Count {
+    fn load(word: &AtomicU64) -> Self {
+        let bits = word.load(Ordering::Relaxed);
+        Self {
+            second: (bits >> 32) as u32,
+            count: bits as u32,
         }
-        slot
     }
 
-    /// Requests and retries counted in the window that ends at `second`.
-    fn totals(&self, second: u64) -> (u64, u64) {
-        let len = self.slots.len() as u64;
-        self.slots
-            .iter()
-            .filter(|s| s.second <= second && second - s.second < len)
-            .fold((0, 0), |(q, r), s| (q + s.requests, r + s.retries))
+    fn bits(self) -> u64 {
+        (u64::from(self.second) << 32) | u64::from(self.count)
+    }
+
+    /// Count one more in `second`: a slot still holding an older second starts over.
+    /// (A slot already holding a later second, which only happens when the clock handed
+    /// in runs backwards by a whole window, keeps it and counts there.)
+    fn add(word: &AtomicU64, second: u32) {
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            let held = Count {
+                second: (current >> 32) as u32,
+                count: current as u32,
+            };
+            let next = if held.second < second {
+                Count { second, count: 1 }
+            } else {
+                Count {
+                    second: held.second,
+                    count: held.count.saturating_add(1),
+                }
+            };
+            match word.compare_exchange_weak(
+                current,
+                next.bits(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// This count, if its second lies in the `len`-second window ending at `second`.
+    fn within(self, second: u32, len: u32) -> u64 {
+        if self.second <= second && second - self.second < len {
+            u64::from(self.count)
+        } else {
+            0
+        }
     }
 }
 
@@ -87,7 +124,9 @@ impl Window {
 pub struct RetryBudget {
     params: RetryBudgetParams,
     epoch: Instant,
-    window: Mutex<Window>,
+    slots: Vec<Slot>,
+    /// Serialises retry decisions (see the module docs).
+    retry_decisions: Mutex<()>,
 }
 
 /// How much of the budget is in use, for `/debug/pools` and tests.
@@ -105,12 +144,12 @@ impl RetryBudget {
     /// A budget counting from `epoch` (any instant at or before the first use).
     pub fn new(params: RetryBudgetParams, epoch: Instant) -> Self {
         let seconds = params.ttl.as_secs() + u64::from(params.ttl.subsec_nanos() > 0);
+        let slots = seconds.clamp(1, u64::from(u32::MAX)) as usize;
         Self {
             params,
             epoch,
-            window: Mutex::new(Window {
-                slots: vec![Slot::default(); seconds.max(1) as usize],
-            }),
+            slots: (0..slots).map(|_| Slot::default()).collect(),
+            retry_decisions: Mutex::new(()),
         }
     }
 
@@ -118,46 +157,60 @@ impl RetryBudget {
         &self.params
     }
 
-    fn second(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.epoch).as_secs()
+    /// Whole seconds from the epoch to `now` (saturating after 136 years).
+    fn second(&self, now: Instant) -> u32 {
+        u32::try_from(now.saturating_duration_since(self.epoch).as_secs()).unwrap_or(u32::MAX)
     }
 
-    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
-        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    fn slot(&self, second: u32) -> &Slot {
+        &self.slots[second as usize % self.slots.len()]
     }
 
-    fn allowed(&self, requests: u64, slots: usize) -> u64 {
+    /// Requests and retries counted in the window that ends at `second`.
+    fn totals(&self, second: u32) -> (u64, u64) {
+        let len = self.slots.len() as u32;
+        self.slots.iter().fold((0, 0), |(q, r), s| {
+            (
+                q + Count::load(&s.requests).within(second, len),
+                r + Count::load(&s.retries).within(second, len),
+            )
+        })
+    }
+
+    fn allowed(&self, requests: u64) -> u64 {
         let earned = (requests as f64 * self.params.ratio).floor() as u64;
-        earned + u64::from(self.params.min_per_second) * slots as u64
+        earned + u64::from(self.params.min_per_second) * self.slots.len() as u64
     }
 
-    /// Count a client request (once, whatever its retries).
+    /// Count a client request (once, whatever its retries). Lock-free.
     pub fn record_request(&self, now: Instant) {
         let second = self.second(now);
-        self.window().slot(second).requests += 1;
+        Count::add(&self.slot(second).requests, second);
     }
 
     /// Ask to send one retry at `now`: `true` (and counted) while the window's retries
     /// stay within `ratio × requests + min_per_second × ttl`, `false` once spent.
     pub fn try_retry(&self, now: Instant) -> bool {
         let second = self.second(now);
-        let mut window = self.window();
-        let (requests, retries) = window.totals(second);
-        if retries >= self.allowed(requests, window.slots.len()) {
+        let _one_decision_at_a_time = self
+            .retry_decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (requests, retries) = self.totals(second);
+        if retries >= self.allowed(requests) {
             return false;
         }
-        window.slot(second).retries += 1;
+        Count::add(&self.slot(second).retries, second);
         true
     }
 
     /// The budget's use in the window ending at `now`.
     pub fn usage(&self, now: Instant) -> RetryBudgetUse {
-        let window = self.window();
-        let (requests, retries) = window.totals(self.second(now));
+        let (requests, retries) = self.totals(self.second(now));
         RetryBudgetUse {
             requests,
             retries,
-            allowed: self.allowed(requests, window.slots.len()),
+            allowed: self.allowed(requests),
         }
     }
 }
@@ -292,5 +345,36 @@ mod tests {
         let early = RetryBudget::new(params, t0 + Duration::from_secs(5));
         early.record_request(t0);
         assert!(early.try_retry(t0));
+    }
+
+    #[test]
+    fn concurrent_requests_are_all_counted_without_a_lock() {
+        let (b, t0) = budget(0.5, 0, 10);
+        let threads = 4;
+        let each = 10_000;
+        std::thread::scope(|scope| {
+            for k in 0..threads {
+                let b = &b;
+                scope.spawn(move || {
+                    for i in 0..each {
+                        // Spread over two seconds so that slots also move on concurrently.
+                        let at = t0 + Duration::from_millis(((i + k) % 2) as u64 * 1000);
+                        b.record_request(at);
+                    }
+                });
+            }
+        });
+        let use_ = b.usage(t0 + Duration::from_secs(1));
+        assert_eq!(use_.requests, (threads * each) as u64);
+        assert_eq!(use_.allowed, (threads * each) as u64 / 2);
+    }
+
+    #[test]
+    fn a_slot_left_behind_by_a_backwards_clock_keeps_its_later_second() {
+        let (b, t0) = budget(1.0, 0, 2);
+        b.record_request(t0 + Duration::from_secs(4));
+        // Second 2 shares the slot of second 4: counted there, not lost.
+        b.record_request(t0 + Duration::from_secs(2));
+        assert_eq!(b.usage(t0 + Duration::from_secs(4)).requests, 2);
     }
 }

@@ -1,11 +1,15 @@
 //! The router: the current routing table and the operations on it.
 //!
-//! Reads are lock-free: the table is an immutable snapshot behind an [`ArcSwap`]
-//! (as pingora's `BackendSelection` does), and a pick only loads it, looks the service up
-//! and asks its strategy. Writers (discovery updates, pool-membership changes) are
-//! serialised by one mutex and publish a new snapshot; per-endpoint state is shared
-//! between snapshots through `Arc`, so an update that keeps an endpoint keeps its
-//! measurements, in-flight count and cooldown.
+//! Reads are lock-free: the table is a snapshot behind an [`ArcSwap`] (as pingora's
+//! `BackendSelection` does), and a pick only loads it, looks the service up and asks its
+//! strategy. Writers (discovery updates, pool-membership changes, environment updates)
+//! are serialised by one mutex. A discovery update publishes a new snapshot; the
+//! snapshot's services, endpoints and node groups never change after that. What does
+//! change in place, and why that is safe, is listed in [`crate::route`]: each service's
+//! QoS pool (swapped whole, under the writer lock, when a verdict flips or node
+//! latencies move), the per-endpoint state (shared between snapshots through `Arc`, so
+//! an update that keeps an endpoint keeps its measurements, in-flight count and
+//! cooldown), and two caches derived from the route, the environment and the time.
 //!
 //! An endpoint's state belongs to its name **and** address ([`StateKey`]): a pod
 //! recreated under the same name with a new IP (a StatefulSet pod rescheduled) is a
@@ -14,6 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,45 +30,36 @@ use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange}
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
 use crate::retry_budget::RetryBudget;
+use crate::route::{PortSlot, Route, RouteEndpoint};
 use crate::settings::{ProbeShape, ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
-/// An endpoint of a routed service: what discovery said, plus the live state.
-#[derive(Debug)]
-pub struct RouteEndpoint {
-    pub endpoint: Endpoint,
-    pub state: Arc<EndpointState>,
-}
-
-/// One service as routed: its spec, endpoints, strategy and QoS pool.
+/// One service as routed: its [`Route`] (spec, endpoints, eligibility, QoS pool, node
+/// groups; everything a strategy reads) and the strategy that picks among it. It
+/// dereferences to the route.
 #[derive(Debug)]
 pub struct ServiceRoute {
-    pub spec: ServiceSpec,
-    pub endpoints: Vec<RouteEndpoint>,
-    eligible: Vec<usize>,
+    route: Route,
     pub strategy: Box<dyn Strategy>,
     /// Problems with the settings found by the router (an unknown strategy, invalid
     /// strategy parameters); the service runs on defaults for them.
     pub warnings: Vec<SettingError>,
-    pool: ArcSwap<Vec<usize>>,
     /// Shared by the service's requests; kept across updates while its settings stay.
     retry_budget: Arc<RetryBudget>,
 }
 
+impl Deref for ServiceRoute {
+    type Target = Route;
+
+    fn deref(&self) -> &Route {
+        &self.route
+    }
+}
+
 impl ServiceRoute {
-    pub fn key(&self) -> &ServiceKey {
-        &self.spec.key
-    }
-
-    pub fn settings(&self) -> &ServiceSettings {
-        &self.spec.settings
-    }
-
-    /// Indices of the endpoints that may take traffic by their conditions: the ready
-    /// ones; or, when none is ready, the ones still serving while terminating (as
-    /// kube-proxy does).
-    pub fn eligible(&self) -> &[usize] {
-        &self.eligible
+    /// The endpoints the strategy picks among.
+    pub fn route(&self) -> &Route {
+        &self.route
     }
 
     /// The budget that bounds this service's retries (see [`crate::retry_budget`]).
@@ -71,33 +67,14 @@ impl ServiceRoute {
         &self.retry_budget
     }
 
-    /// Indices of the eligible endpoints in the QoS pool (warming or admitted). An
-    /// endpoint added to a service whose pods are already measured is not in it until
-    /// a first background probe has answered within the SLO (as Envoy's
-    /// `ignore_new_hosts_until_first_hc`), so that a new pod that cannot meet the SLO
-    /// never costs a client request, as long as the pool has a measured member to
-    /// serve meanwhile. The endpoints of a new service are tried on the initial
-    /// estimate (QEdgeProxy §III-A, event 1); every new endpoint gets its first probe at
-    /// once either way ([`Router::due_probes`]).
-    pub fn pool(&self) -> arc_swap::Guard<Arc<Vec<usize>>> {
-        self.pool.load()
-    }
-
-    /// Whether endpoints are only there as a terminating fallback.
-    pub fn only_terminating(&self) -> bool {
-        !self.eligible.is_empty()
-            && self
-                .eligible
-                .iter()
-                .all(|&i| !self.endpoints[i].endpoint.conditions.ready)
-    }
-
     /// Rebuild the pool list: eligible endpoints admitted by their measurements, except
-    /// warming ones whose node is already too far away (see [`Self::too_far`]). Members
-    /// that just joined get their spreading counter level with the others'.
+    /// warming ones whose node is already too far away (see [`Route::too_far`]) and new
+    /// ones waiting for their first probe (see [`Route::pool`]). Members that just
+    /// joined get their spreading counter level with the others'. Callers hold the
+    /// router's writer lock.
     fn refresh_pool(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
         let candidates: Vec<usize> = self
-            .eligible
+            .eligible()
             .iter()
             .copied()
             .filter(|&i| {
@@ -118,77 +95,25 @@ impl ServiceRoute {
         for &i in &pool {
             self.endpoints[i].state.join_baseline(baseline);
         }
-        self.pool.store(Arc::new(pool));
+        self.route.set_pool(pool);
     }
 
     /// Whether never-measured members of `candidates` wait for a first probe: the
-    /// strategy probes, and some candidate has been measured (see [`Self::pool`]).
+    /// strategy probes, and some candidate has been measured (see [`Route::pool`]).
     fn awaits_first_probe(&self, candidates: &[usize]) -> bool {
         self.strategy.probes_evicted()
             && candidates
                 .iter()
                 .any(|&i| self.endpoints[i].state.measured())
     }
-
-    /// Whether the endpoint at `index` is kept out of the pool until its first probe.
-    pub fn awaiting_first_probe(&self, index: usize) -> bool {
-        let state = &self.endpoints[index].state;
-        state.warming() && state.held_until_probed() && !self.pool().contains(&index)
-    }
-
-    /// How many of the eligible endpoints may be out for consecutive failures at once:
-    /// `max-ejection-percent` of them, rounded down, but at least one (as Envoy), unless
-    /// the percentage is 0.
-    pub fn ejection_cap(&self) -> usize {
-        let percent = self.spec.settings.qos_pool.max_ejection_percent;
-        if percent <= 0.0 {
-            return 0;
-        }
-        ((self.eligible.len() as f64 * percent / 100.0).floor() as usize).max(1)
-    }
-
-    /// Eligible endpoints currently out for consecutive failures.
-    pub fn failure_ejected(&self) -> usize {
-        self.eligible
-            .iter()
-            .filter(|&&i| self.endpoints[i].state.failure_ejected())
-            .count()
-    }
-
-    /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
-    /// such as environmental conditions"): an endpoint not yet judged on its own
-    /// measurements, whose node's round-trip time from this proxy alone exceeds the SLO,
-    /// cannot meet it and is not tried. Returns that RTT. Endpoints on this node, without
-    /// a node, or without a fresh RTT reading are given the benefit of the doubt.
-    pub fn too_far(
-        &self,
-        index: usize,
-        env: &Environment,
-        local_node: Option<&str>,
-        now: Instant,
-    ) -> Option<Duration> {
-        let endpoint = &self.endpoints[index];
-        if !endpoint.state.warming() {
-            return None;
-        }
-        let node = endpoint.endpoint.node.as_deref()?;
-        if Some(node) == local_node {
-            return None;
-        }
-        env.latency(node, now)
-            .filter(|rtt| *rtt > self.spec.settings.latency_slo)
-    }
-
-    /// The endpoint index with this id.
-    pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.endpoints.iter().position(|e| e.endpoint.id == id)
-    }
 }
 
-/// An immutable snapshot of everything routable.
+/// A snapshot of everything routable. Its maps are never changed once published; the
+/// routes in it update their QoS pools and caches in place (see the module docs).
 #[derive(Debug, Default)]
 pub struct Table {
-    pub services: HashMap<ServiceKey, Arc<ServiceRoute>>,
+    /// Looked up on every pick, so hashed with foldhash rather than SipHash.
+    pub services: HashMap<ServiceKey, Arc<ServiceRoute>, foldhash::fast::RandomState>,
     pub nodes: BTreeMap<String, Node>,
 }
 
@@ -372,7 +297,7 @@ impl Router {
         let mut env = Environment::clone(&self.environment.load());
         change(&mut env);
         // New latencies can move warming endpoints in or out of their pools (the
-        // initial estimate, see `ServiceRoute::too_far`).
+        // initial estimate, see `Route::too_far`).
         if let Some(now) = env.newest() {
             for route in self.table.load().services.values() {
                 route.refresh_pool(&env, self.local_node(), now);
@@ -487,7 +412,7 @@ impl Router {
         let settings_changed = previous.is_none_or(|p| p.spec.settings != spec.settings);
         let mut endpoints = Vec::with_capacity(wanted.len());
         // An endpoint added to a service already measured waits for its first probe
-        // (see `ServiceRoute::pool`); those of a new service are tried at once.
+        // (see `Route::pool`); those of a new service are tried at once.
         let service_measured = states.values().any(|s| s.measured());
         for (id, endpoint) in wanted {
             let state = states
@@ -508,31 +433,15 @@ impl Router {
                 state,
             });
         }
-        let ready: Vec<usize> = (0..endpoints.len())
-            .filter(|&i| endpoints[i].endpoint.conditions.ready)
-            .collect();
-        let eligible = if ready.is_empty() {
-            (0..endpoints.len())
-                .filter(|&i| {
-                    let c = endpoints[i].endpoint.conditions;
-                    c.serving && c.terminating
-                })
-                .collect()
-        } else {
-            ready
-        };
         let (strategy, warnings) = self.registry.build(&spec.settings);
         let retry_budget = previous
             .filter(|p| p.spec.settings.retry_budget == spec.settings.retry_budget)
             .map(|p| p.retry_budget.clone())
             .unwrap_or_else(|| Arc::new(RetryBudget::new(spec.settings.retry_budget, self.epoch)));
         let route = ServiceRoute {
-            spec,
-            endpoints,
-            eligible,
+            route: Route::new(spec, endpoints, previous.map(|p| p.route()), self.epoch),
             strategy,
             warnings,
-            pool: ArcSwap::from_pointee(Vec::new()),
             retry_budget,
         };
         route.refresh_pool(&self.environment.load(), self.local_node(), now);
@@ -555,13 +464,13 @@ impl Router {
             .services
             .get(service)
             .ok_or(PickError::UnknownService)?;
-        let port_name = resolve_port(route, port)?;
+        let port = resolve_port_slot(route, port)?;
         let mut excluded: Vec<usize> = exclude.iter().filter_map(|id| route.index_of(id)).collect();
         // A strategy may pick an endpoint that lacks the requested port; skip it and ask
         // again, at most once per endpoint.
         for _ in 0..=route.endpoints.len() {
             let ctx = PickContext {
-                route,
+                route: route.route(),
                 now,
                 local_node: self.local_node.as_deref(),
                 nodes: &table.nodes,
@@ -579,16 +488,8 @@ impl Router {
                         .flatten()
                 })
                 .ok_or(PickError::NoEndpoints)?;
-            let endpoint = &route.endpoints[choice.index];
-            match endpoint.endpoint.port(port_name) {
-                Some(p) => {
-                    return Ok(self.picked(
-                        route,
-                        choice,
-                        SocketAddr::new(endpoint.endpoint.ip, p),
-                        now,
-                    ))
-                }
+            match route.addr(port, choice.index) {
+                Some(addr) => return Ok(self.picked(route, choice, addr, now)),
                 None => excluded.push(choice.index),
             }
         }
@@ -707,6 +608,8 @@ impl Router {
         };
         let was_measured = state.measured();
         let change = run(state, obs);
+        // A connection failure may have started a cooldown (see `Route::none_cooling`).
+        route.note_cooldown(state, now);
         if change.is_some() || was_measured != state.measured() {
             self.refresh_pool(route.key(), now);
         }
@@ -827,6 +730,9 @@ impl Router {
             ticket
                 .state
                 .observe(now, outcome, &ticket.settings, &Observation::plain(true));
+        if let Some(route) = self.table.load().services.get(&ticket.service) {
+            route.note_cooldown(&ticket.state, now);
+        }
         if change.is_some() || was_measured != ticket.state.measured() {
             self.refresh_pool(&ticket.service, now);
         }
@@ -843,19 +749,28 @@ fn resolve_port<'r>(
     route: &'r ServiceRoute,
     port: Option<PortRef<'_>>,
 ) -> Result<&'r str, PickError> {
+    resolve_port_slot(route, port).map(|slot| route.port_name(slot))
+}
+
+/// The requested service port as a [`PortSlot`] of the route: the index of the
+/// service port, or `None` for the unnamed one.
+fn resolve_port_slot(
+    route: &ServiceRoute,
+    port: Option<PortRef<'_>>,
+) -> Result<PortSlot, PickError> {
     let ports = &route.spec.ports;
     let found = match port {
-        None => return Ok(ports.first().map_or("", |p| p.name.as_str())),
-        Some(PortRef::Name(name)) => ports.iter().find(|p| p.name == name),
-        Some(PortRef::Number(n)) => ports.iter().find(|p| p.port == n),
+        None => return Ok((!ports.is_empty()).then_some(0)),
+        Some(PortRef::Name(name)) => ports.iter().position(|p| p.name == name),
+        Some(PortRef::Number(n)) => ports.iter().position(|p| p.port == n),
     };
     match (found, port) {
-        (Some(p), _) => Ok(p.name.as_str()),
+        (Some(p), _) => Ok(Some(p)),
         // A service declared without ports takes any port number (file discovery).
-        (None, Some(PortRef::Number(_))) if ports.is_empty() => Ok(""),
+        (None, Some(PortRef::Number(_))) if ports.is_empty() => Ok(None),
         (None, Some(PortRef::Name(n))) => Err(PickError::UnknownPort(n.to_string())),
         (None, Some(PortRef::Number(n))) => Err(PickError::UnknownPort(n.to_string())),
-        (None, None) => Ok(""),
+        (None, None) => Ok(None),
     }
 }
 

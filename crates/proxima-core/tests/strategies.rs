@@ -777,3 +777,183 @@ fn every_strategy_survives_an_empty_environment_and_no_local_node() {
         );
     }
 }
+
+#[test]
+fn p2c_ewma_fallback_compares_two_distinct_endpoints() {
+    // 100 endpoints, 98 already tried: the three random draws mostly find no usable one,
+    // and the fallback chooses between the two left. Drawing the same one twice would
+    // hand the expensive one about a quarter of those picks; two distinct draws never
+    // do, so it only wins the picks where a draw saw it alone (about 6%).
+    let t0 = Instant::now();
+    let nodes: Vec<String> = (0..100).map(|i| format!("node-{}a", i % 5)).collect();
+    let pods: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let r = router(
+        "node-0a",
+        &[("strategy", "p2c-ewma")],
+        &pods,
+        TrafficPolicy::default(),
+    );
+    let others = |keep: &[&str]| -> Vec<String> {
+        (0..100)
+            .map(|i| format!("pod-{i}"))
+            .filter(|id| !keep.contains(&id.as_str()))
+            .collect()
+    };
+    let mut rng = SmallRng::seed_from_u64(31);
+    // pod-0 is cheap (1 ms), pod-1 expensive (300 ms).
+    for (pod, latency) in [("pod-0", 1), ("pod-1", 300)] {
+        let p = r.pick(&key(), None, t0, &mut rng, &others(&[pod])).unwrap();
+        assert_eq!(p.endpoint().id, pod);
+        r.record(
+            &p,
+            t0,
+            Outcome::Response {
+                latency: ms(latency),
+            },
+        );
+    }
+    let exclude = others(&["pod-0", "pod-1"]);
+    let n = 4000;
+    let mut expensive = 0;
+    for _ in 0..n {
+        let p = r.pick(&key(), None, t0, &mut rng, &exclude).unwrap();
+        assert!(["pod-0", "pod-1"].contains(&p.endpoint().id.as_str()));
+        expensive += usize::from(p.endpoint().id == "pod-1");
+    }
+    let share = expensive as f64 / n as f64;
+    assert!(share < 0.12, "expensive endpoint took {share}");
+}
+
+#[test]
+fn proximity_weights_hold_per_pod_with_several_pods_per_node_exclusions_and_cooldowns() {
+    let now = Instant::now();
+    // node-1a (local, 3 pods), node-2a (2 pods), node-3a (3 pods).
+    let pods = [
+        "node-1a", "node-2a", "node-3a", "node-1a", "node-2a", "node-3a", "node-1a", "node-3a",
+    ];
+    let r = router(
+        "node-1a",
+        &[
+            ("strategy", "proximity"),
+            ("proximity-alpha", "0.7"),
+            ("proximity-decay", "power"),
+            ("proximity-beta", "1.5"),
+            ("proximity-localrtt", "4ms"),
+        ],
+        &pods,
+        TrafficPolicy::default(),
+    );
+    latencies(&r, now, &[("node-2a", 10), ("node-3a", 30)]);
+    let p = Proximity {
+        alpha: 0.7,
+        beta: 1.5,
+        decay: Decay::Power,
+        localrtt: Some(ms(4)),
+    };
+    let latency_of = |i: usize| match pods[i] {
+        "node-1a" => 4.0,
+        "node-2a" => 10.0,
+        _ => 30.0,
+    };
+    // Expected shares from the per-pod formula over the candidates.
+    let expect = |candidates: &[usize]| -> HashMap<String, f64> {
+        let l: Vec<f64> = candidates.iter().map(|&i| latency_of(i)).collect();
+        candidates
+            .iter()
+            .zip(p.weights(&l))
+            .map(|(&i, w)| (format!("pod-{i}"), w))
+            .collect()
+    };
+    let check = |exclude: &[String], candidates: &[usize], seed: u64| {
+        let n = 40_000;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for _ in 0..n {
+            let picked = r.pick(&key(), None, now, &mut rng, exclude).unwrap();
+            *counts.entry(picked.endpoint().id.clone()).or_default() += 1;
+        }
+        let expected = expect(candidates);
+        assert_eq!(
+            counts.keys().filter(|k| !expected.contains_key(*k)).count(),
+            0,
+            "{counts:?}"
+        );
+        for (id, w) in expected {
+            let s = share(&counts, &id, n);
+            assert!((s - w).abs() < 0.01, "{id}: {s} vs {w} ({counts:?})");
+        }
+    };
+    // Every pod a candidate.
+    check(&[], &(0..8).collect::<Vec<_>>(), 41);
+    // pod-4 (the second node-2a pod) already tried, pod-3 (local) too.
+    check(&["pod-4".into(), "pod-3".into()], &[0, 1, 2, 5, 6, 7], 42);
+    // pod-1 (the other node-2a pod) cools down after a refused connection: node-2a has
+    // no candidate left with pod-4 excluded.
+    let picked = r
+        .pick(
+            &key(),
+            None,
+            now,
+            &mut SmallRng::seed_from_u64(43),
+            &others_than(&["pod-1"]),
+        )
+        .unwrap();
+    r.record(&picked, now, Outcome::ConnectFailed);
+    drop(picked);
+    check(&["pod-4".into()], &[0, 2, 3, 5, 6, 7], 44);
+}
+
+/// Ids of the 8 pods of the proximity test other than `keep`.
+fn others_than(keep: &[&str]) -> Vec<String> {
+    (0..8)
+        .map(|i| format!("pod-{i}"))
+        .filter(|id| !keep.contains(&id.as_str()))
+        .collect()
+}
+
+#[test]
+fn rap_avoids_a_node_whose_pods_cool_down_and_follows_new_readings() {
+    let now = Instant::now();
+    let r = router(
+        "node-1a",
+        &[("strategy", "rap")],
+        &["node-1a", "node-2a", "node-3a"],
+        TrafficPolicy::default(),
+    );
+    // The local node is overloaded; node-2a is the best remote node.
+    usage(
+        &r,
+        now,
+        &[
+            ("node-1a", 0.95, 0.5),
+            ("node-2a", 0.1, 0.1),
+            ("node-3a", 0.6, 0.6),
+        ],
+    );
+    assert_eq!(ids(&distribution(&r, now, 50, 51)), ["pod-1"]);
+    // pod-1 refuses a connection and cools down: node-3a takes over at once.
+    let p = r
+        .pick(&key(), None, now, &mut SmallRng::seed_from_u64(52), &[])
+        .unwrap();
+    assert_eq!(p.endpoint().id, "pod-1");
+    r.record(&p, now, Outcome::ConnectFailed);
+    drop(p);
+    assert_eq!(ids(&distribution(&r, now, 50, 53)), ["pod-2"]);
+    // Once its cooldown is over it is the best again; then new readings move the
+    // traffic to node-3a.
+    let later = now + Duration::from_secs(1);
+    assert_eq!(ids(&distribution(&r, later, 50, 54)), ["pod-1"]);
+    usage(
+        &r,
+        later,
+        &[
+            ("node-1a", 0.95, 0.5),
+            ("node-2a", 0.7, 0.7),
+            ("node-3a", 0.1, 0.1),
+        ],
+    );
+    assert_eq!(ids(&distribution(&r, later, 50, 55)), ["pod-2"]);
+    // And when every reading is stale, RAP serves locally again.
+    let stale = later + Duration::from_secs(120);
+    assert_eq!(ids(&distribution(&r, stale, 50, 56)), ["pod-0"]);
+}

@@ -85,7 +85,7 @@ fn topology_mode<'a>(
 impl KubeProxy {
     /// The endpoint indices kube-proxy would route to from this node (see the module
     /// docs). Conditions are read from every endpoint of the Service, not from the
-    /// router's [`eligible`](crate::router::ServiceRoute::eligible) set, because the
+    /// router's [`eligible`](crate::route::Route::eligible) set, because the
     /// `Local` policy decides its terminating fallback on its own.
     pub fn filter(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         let endpoints = &ctx.route.endpoints;

@@ -7,13 +7,16 @@
 //! `reject` answers 503 (the paper's pure scheme), `nearest` (default) sends the request
 //! to a pod on the node with the lowest measured latency from here (uniformly among that
 //! node's pods; uniformly among all pods while no latency is known).
+//!
+//! Cost per pick: O(pods on this node) for the local choice; O(nodes) for `nearest`
+//! while latencies are known (the node groups and readings of [`crate::route`]).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rand::RngCore;
+use rand::{Rng, RngCore};
 
 use super::params::Params;
-use super::rap::{by_node, uniform};
 use super::{Choice, PickContext, Reason, Strategy};
 use crate::settings::{ServiceSettings, SettingError};
 
@@ -60,17 +63,22 @@ impl Strategy for Local {
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
         let route = ctx.route;
-        let on_local = |i: &usize| {
-            ctx.local_node.is_some()
-                && route.endpoints[*i].endpoint.node.as_deref() == ctx.local_node
+        let readings = ctx.node_readings();
+        // This node's eligible pods, less the ones already tried.
+        let on_local = readings
+            .local
+            .map_or(&[][..], |g| &route.nodes()[g].members[..]);
+        let local: Cow<'_, [usize]> = if on_local.iter().any(|i| ctx.exclude.contains(i)) {
+            Cow::Owned(
+                on_local
+                    .iter()
+                    .copied()
+                    .filter(|i| !ctx.exclude.contains(i))
+                    .collect(),
+            )
+        } else {
+            Cow::Borrowed(on_local)
         };
-        let local: Vec<usize> = route
-            .eligible()
-            .iter()
-            .copied()
-            .filter(on_local)
-            .filter(|i| !ctx.exclude.contains(i))
-            .collect();
         if !local.is_empty() {
             let n = local.len();
             let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -92,16 +100,24 @@ impl Strategy for Local {
         match self.fallback {
             LocalFallback::Reject => None,
             LocalFallback::Nearest => {
-                let nodes = by_node(ctx);
-                let env = ctx.environment;
-                let nearest = nodes
-                    .iter()
-                    .filter_map(|(node, pods)| Some((env.latency((*node)?, ctx.now)?, pods)))
+                let candidates = ctx.node_candidates();
+                let nearest = (0..route.nodes().len())
+                    .filter(|&g| candidates.count(g) > 0)
+                    .filter_map(|g| Some((readings.latency[g]?, g)))
                     .min_by_key(|(l, _)| *l)
-                    .map(|(_, pods)| pods.clone());
+                    .map(|(_, g)| g);
                 match nearest {
-                    Some(pods) => uniform(&pods, rng),
-                    None => uniform(&ctx.candidates().collect::<Vec<_>>(), rng),
+                    Some(node) => candidates.uniform(node, rng),
+                    None => {
+                        let n = candidates.total();
+                        (n > 0)
+                            .then(|| ctx.candidates().nth(rng.gen_range(0..n)))
+                            .flatten()
+                            .map(|index| Choice {
+                                index,
+                                reason: Reason::Strategy,
+                            })
+                    }
                 }
             }
         }

@@ -18,9 +18,10 @@ mod rap;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Instant;
 
-use rand::RngCore;
+use rand::{Rng, RngCore};
 
 pub use baseline::{RandomStrategy, RoundRobin};
 pub use kube_proxy::KubeProxy;
@@ -32,7 +33,7 @@ pub use rap::Rap;
 
 use crate::environment::Environment;
 use crate::model::Node;
-use crate::router::ServiceRoute;
+use crate::route::{ReadingsRef, Route};
 use crate::settings::{ServiceSettings, SettingError};
 
 /// Why an endpoint was chosen (reported in metrics labels and traces).
@@ -60,7 +61,7 @@ impl Reason {
     }
 }
 
-/// A strategy's choice: an index into [`ServiceRoute::endpoints`].
+/// A strategy's choice: an index into [`Route::endpoints`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Choice {
     pub index: usize,
@@ -69,20 +70,20 @@ pub struct Choice {
 
 /// What a strategy sees when it picks.
 pub struct PickContext<'a> {
-    pub route: &'a ServiceRoute,
+    pub route: &'a Route,
     pub now: Instant,
     /// The node this proxy runs on, when known.
     pub local_node: Option<&'a str>,
     pub nodes: &'a BTreeMap<String, Node>,
     /// Node latencies and resource usage, as far as they are known.
-    pub environment: &'a Environment,
+    pub environment: &'a Arc<Environment>,
     /// Indices already tried for this request (retries go elsewhere).
     pub exclude: &'a [usize],
 }
 
-impl PickContext<'_> {
+impl<'a> PickContext<'a> {
     /// Whether `index` may take this request: eligible by its conditions (see
-    /// [`ServiceRoute::eligible`]), not already tried, not cooling down.
+    /// [`Route::eligible`]), not already tried, not cooling down.
     pub fn usable(&self, index: usize) -> bool {
         !self.exclude.contains(&index) && !self.route.endpoints[index].state.cooling_down(self.now)
     }
@@ -95,6 +96,147 @@ impl PickContext<'_> {
             .copied()
             .filter(|&i| self.usable(i))
     }
+
+    /// The fresh latency and usage of each of the route's node groups (cached between
+    /// changes of the environment; see [`Route::node_readings`]).
+    pub fn node_readings(&self) -> ReadingsRef {
+        self.route
+            .node_readings(self.environment, self.local_node, self.now)
+    }
+
+    /// The candidates per node group of the route, counted in O(nodes + exclusions)
+    /// while no endpoint of the service is cooling down, and by one pass over the
+    /// eligible endpoints otherwise.
+    pub fn node_candidates(&self) -> NodeCandidates<'_, 'a> {
+        let route = self.route;
+        let counts = if !route.none_cooling(self.now) {
+            let mut counts = vec![0; route.nodes().len()];
+            for i in self.candidates() {
+                if let Some(g) = route.group_of(i) {
+                    counts[g] += 1;
+                }
+            }
+            Counts::Scanned(counts)
+        } else if self.exclude.iter().all(|&i| route.group_of(i).is_none()) {
+            Counts::All
+        } else {
+            let mut counts: Vec<usize> = route.nodes().iter().map(|g| g.members.len()).collect();
+            for (k, &i) in self.exclude.iter().enumerate() {
+                if let Some(g) = route.group_of(i) {
+                    if !self.exclude[..k].contains(&i) {
+                        counts[g] -= 1;
+                    }
+                }
+            }
+            Counts::Excluding(counts)
+        };
+        NodeCandidates { ctx: self, counts }
+    }
+}
+
+/// How many candidates each node group has (see [`PickContext::node_candidates`]).
+pub struct NodeCandidates<'c, 'a> {
+    ctx: &'c PickContext<'a>,
+    counts: Counts,
+}
+
+enum Counts {
+    /// Every eligible endpoint is a candidate.
+    All,
+    /// None is cooling down; the excluded ones are not candidates.
+    Excluding(Vec<usize>),
+    /// Counted one by one (some may be cooling down).
+    Scanned(Vec<usize>),
+}
+
+impl NodeCandidates<'_, '_> {
+    /// Candidates in node group `group`.
+    pub fn count(&self, group: usize) -> usize {
+        match &self.counts {
+            Counts::All => self.ctx.route.nodes()[group].members.len(),
+            Counts::Excluding(counts) | Counts::Scanned(counts) => counts[group],
+        }
+    }
+
+    /// Candidates in all.
+    pub fn total(&self) -> usize {
+        (0..self.ctx.route.nodes().len())
+            .map(|g| self.count(g))
+            .sum()
+    }
+
+    /// The `n`th candidate of `group`, in endpoint order. `None` past the last one (or
+    /// when an endpoint started cooling down since they were counted).
+    pub fn nth(&self, group: usize, n: usize) -> Option<usize> {
+        let members = &self.ctx.route.nodes()[group].members;
+        match &self.counts {
+            Counts::All => members.get(n).copied(),
+            Counts::Excluding(_) => members
+                .iter()
+                .copied()
+                .filter(|i| !self.ctx.exclude.contains(i))
+                .nth(n),
+            Counts::Scanned(_) => members
+                .iter()
+                .copied()
+                .filter(|&i| self.ctx.usable(i))
+                .nth(n),
+        }
+    }
+
+    /// A candidate of `group` drawn uniformly.
+    pub fn uniform(&self, group: usize, rng: &mut dyn RngCore) -> Option<Choice> {
+        let n = self.count(group);
+        if n == 0 {
+            return None;
+        }
+        self.nth(group, rng.gen_range(0..n)).map(|index| Choice {
+            index,
+            reason: Reason::Strategy,
+        })
+    }
+}
+
+/// Draws of two members the power of two choices makes before its caller scans for a
+/// usable one.
+const TWO_CHOICE_DRAWS: usize = 3;
+
+/// Two distinct positions in `0..n` (n ≥ 2), uniformly over the ordered pairs: the
+/// first uniform, the second uniform among the others.
+pub(crate) fn two_distinct(n: usize, rng: &mut dyn RngCore) -> (usize, usize) {
+    debug_assert!(n >= 2);
+    let a = rng.gen_range(0..n);
+    let mut b = rng.gen_range(0..n - 1);
+    if b >= a {
+        b += 1;
+    }
+    (a, b)
+}
+
+/// The power of two choices over `members` (endpoint indices, at least two): up to
+/// [`TWO_CHOICE_DRAWS`] times, two distinct members are drawn; the first draw with a
+/// usable member decides, by `better(a, b)` when both are usable. `None` when every draw
+/// found two unusable members (the caller then looks at all of them).
+pub(crate) fn two_choices(
+    ctx: &PickContext<'_>,
+    members: &[usize],
+    rng: &mut dyn RngCore,
+    better: impl Fn(usize, usize) -> usize,
+) -> Option<usize> {
+    if members.len() < 2 {
+        return None;
+    }
+    for _ in 0..TWO_CHOICE_DRAWS {
+        let (a, b) = two_distinct(members.len(), rng);
+        let (a, b) = (members[a], members[b]);
+        match (ctx.usable(a), ctx.usable(b)) {
+            (true, true) => return Some(better(a, b)),
+            (true, false) => return Some(a),
+            (false, true) => return Some(b),
+            (false, false) => {}
+        }
+    }
+    None
 }
 
 /// A load-balancing strategy (see the module docs).
@@ -136,7 +278,8 @@ impl fmt::Debug for StrategyRegistry {
 }
 
 impl Default for StrategyRegistry {
-    /// `qos-pool`, `round-robin` and `random`.
+    /// The eight built-in strategies: `qos-pool` (the default), `round-robin`, `random`,
+    /// `rap`, `proximity`, `local`, `kube-proxy` and `p2c-ewma`.
     fn default() -> Self {
         let mut r = Self {
             builders: BTreeMap::new(),

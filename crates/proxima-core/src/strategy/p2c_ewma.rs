@@ -12,10 +12,10 @@
 
 use std::time::Duration;
 
-use rand::{Rng, RngCore};
+use rand::RngCore;
 
 use super::params::Params;
-use super::{Choice, PickContext, Reason, Strategy};
+use super::{two_choices, two_distinct, Choice, PickContext, Reason, Strategy};
 use crate::settings::{ServiceSettings, SettingError};
 
 /// P2C over peak-EWMA cost (see the module docs).
@@ -50,47 +50,28 @@ impl Strategy for P2cEwma {
     }
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
-        let eligible = ctx.route.eligible();
-        let choice = |index| Choice {
+        let cheaper = |a: usize, b: usize| {
+            if self.cost(ctx, b) < self.cost(ctx, a) {
+                b
+            } else {
+                a
+            }
+        };
+        let index = two_choices(ctx, ctx.route.eligible(), rng, cheaper).or_else(|| {
+            // Most endpoints are excluded or cooling down: two distinct ones of the rest.
+            let usable: Vec<usize> = ctx.candidates().collect();
+            match usable.len() {
+                0 => None,
+                1 => Some(usable[0]),
+                n => {
+                    let (a, b) = two_distinct(n, rng);
+                    Some(cheaper(usable[a], usable[b]))
+                }
+            }
+        })?;
+        Some(Choice {
             index,
             reason: Reason::Strategy,
-        };
-        let n = eligible.len();
-        if n >= 2 {
-            for _ in 0..3 {
-                let a = rng.gen_range(0..n);
-                let mut b = rng.gen_range(0..n - 1);
-                if b >= a {
-                    b += 1;
-                }
-                let (a, b) = (eligible[a], eligible[b]);
-                match (ctx.usable(a), ctx.usable(b)) {
-                    (true, true) => {
-                        return Some(choice(if self.cost(ctx, b) < self.cost(ctx, a) {
-                            b
-                        } else {
-                            a
-                        }))
-                    }
-                    (true, false) => return Some(choice(a)),
-                    (false, true) => return Some(choice(b)),
-                    (false, false) => {}
-                }
-            }
-        }
-        let usable: Vec<usize> = ctx.candidates().collect();
-        match usable.len() {
-            0 => None,
-            1 => Some(choice(usable[0])),
-            len => {
-                let a = usable[rng.gen_range(0..len)];
-                let b = usable[rng.gen_range(0..len)];
-                Some(choice(if self.cost(ctx, b) < self.cost(ctx, a) {
-                    b
-                } else {
-                    a
-                }))
-            }
-        }
+        })
     }
 }

@@ -28,6 +28,13 @@
 //! Missing data: a pod whose node has no fresh latency reading is given the largest known
 //! latency among the candidates (it is not favoured, but not excluded); with no readings
 //! at all every pod has the same latency and the choice is uniform.
+//!
+//! Cost per pick: O(nodes). Pods on one node share its latency and so its weight, so a
+//! pick draws a node with the summed weight of its candidate pods, then one of those
+//! pods uniformly, which is the same distribution as drawing among all pods. The nodes'
+//! latencies are cached until the environment changes or a reading turns stale (see
+//! [`crate::route`]), and candidates are counted per node without visiting every
+//! endpoint (see [`PickContext::node_candidates`]).
 
 use std::time::Duration;
 
@@ -80,53 +87,38 @@ impl Proximity {
         (Box::new(s), p.errors)
     }
 
-    /// Latency in ms of each candidate's node, with the local and missing cases resolved.
-    fn latencies(&self, ctx: &PickContext<'_>, candidates: &[usize]) -> Vec<f64> {
-        let env = ctx.environment;
-        let localrtt = self.localrtt.unwrap_or_else(|| {
-            env.min_latency(ctx.local_node, ctx.now)
-                .map_or(DEFAULT_LOCALRTT, |min| min.mul_f64(0.9))
-        });
-        let raw: Vec<Option<f64>> = candidates
-            .iter()
-            .map(|&i| {
-                let node = ctx.route.endpoints[i].endpoint.node.as_deref();
-                let l = if node.is_some() && node == ctx.local_node {
-                    Some(localrtt)
-                } else {
-                    node.and_then(|n| env.latency(n, ctx.now))
-                };
-                l.map(|d| d.as_secs_f64() * 1e3)
-            })
-            .collect();
-        let worst = raw.iter().flatten().copied().fold(0.0, f64::max);
-        raw.into_iter().map(|l| l.unwrap_or(worst)).collect()
+    /// The weights F(ϕᵢ) of Eq. 6 for the given latencies (ms), one per pod; they sum
+    /// to 1. (A pick computes the same weights per node, see [`Self::node_weights`].)
+    pub fn weights(&self, latencies: &[f64]) -> Vec<f64> {
+        let counts = vec![1; latencies.len()];
+        self.node_weights(latencies, &counts)
     }
 
-    /// The weights F(ϕᵢ) of Eq. 6 for the given latencies (ms); they sum to 1.
-    pub fn weights(&self, latencies: &[f64]) -> Vec<f64> {
-        let n = latencies.len() as f64;
+    /// The weight F(ϕᵢ) of Eq. 6 of **each pod** of a node, for nodes at the given
+    /// latencies (ms) holding `counts[k]` candidate pods each (nodes without one are
+    /// ignored): pods on one node share its latency, hence their weight. Over all pods
+    /// the weights sum to 1.
+    pub fn node_weights(&self, latencies: &[f64], counts: &[usize]) -> Vec<f64> {
+        let present = || latencies.iter().zip(counts).filter(|(_, &c)| c > 0);
+        let n = counts.iter().sum::<usize>() as f64;
         // Latencies below 1 µs are treated as 1 µs so that l₀/l is defined.
         let floor = 1e-3;
-        let l0 = latencies
-            .iter()
-            .copied()
+        let l0 = present()
+            .map(|(&l, _)| l)
             .fold(f64::INFINITY, f64::min)
             .max(floor);
-        let f: Vec<f64> = latencies
+        let f = |l: f64| {
+            let l = l.max(floor);
+            match self.decay {
+                Decay::Inverse => l0 / l,
+                Decay::Power => (l0 / l).powf(self.beta),
+                Decay::Exponential => (-self.beta * (l - l0)).exp(),
+            }
+        };
+        let sum: f64 = present().map(|(&l, &c)| c as f64 * f(l)).sum();
+        latencies
             .iter()
-            .map(|&l| {
-                let l = l.max(floor);
-                match self.decay {
-                    Decay::Inverse => l0 / l,
-                    Decay::Power => (l0 / l).powf(self.beta),
-                    Decay::Exponential => (-self.beta * (l - l0)).exp(),
-                }
-            })
-            .collect();
-        let sum: f64 = f.iter().sum();
-        f.iter()
-            .map(|fi| self.alpha * fi / sum + (1.0 - self.alpha) / n)
+            .map(|&l| self.alpha * f(l) / sum + (1.0 - self.alpha) / n)
             .collect()
     }
 }
@@ -137,25 +129,53 @@ impl Strategy for Proximity {
     }
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
-        let candidates: Vec<usize> = ctx.candidates().collect();
-        if candidates.len() <= 1 {
-            return candidates.first().map(|&index| Choice {
-                index,
-                reason: Reason::Strategy,
-            });
+        let readings = ctx.node_readings();
+        let candidates = ctx.node_candidates();
+        let groups = ctx.route.nodes().len();
+        let counts: Vec<usize> = (0..groups).map(|g| candidates.count(g)).collect();
+        let total: usize = counts.iter().sum();
+        if total <= 1 {
+            let only = counts.iter().position(|&c| c > 0)?;
+            return candidates.uniform(only, rng);
         }
-        let weights = self.weights(&self.latencies(ctx, &candidates));
-        let mut x: f64 = rng.gen::<f64>() * weights.iter().sum::<f64>();
-        let mut chosen = candidates[candidates.len() - 1];
-        for (w, &i) in weights.iter().zip(&candidates) {
-            if x < *w {
-                chosen = i;
+        // Latency (ms) of each node, with the local and missing cases resolved.
+        let localrtt = self.localrtt.unwrap_or_else(|| {
+            readings
+                .min_latency_elsewhere
+                .map_or(DEFAULT_LOCALRTT, |min| min.mul_f64(0.9))
+        });
+        let raw: Vec<Option<f64>> = (0..groups)
+            .map(|g| {
+                let l = if Some(g) == readings.local {
+                    Some(localrtt)
+                } else {
+                    readings.latency[g]
+                };
+                l.map(|d| d.as_secs_f64() * 1e3)
+            })
+            .collect();
+        let worst = (0..groups)
+            .filter(|&g| counts[g] > 0)
+            .filter_map(|g| raw[g])
+            .fold(0.0, f64::max);
+        let latencies: Vec<f64> = raw.iter().map(|l| l.unwrap_or(worst)).collect();
+        let per_pod = self.node_weights(&latencies, &counts);
+        // Draw a pod: a node by its pods' total weight, then one of its pods.
+        let node_weight = |g: usize| per_pod[g] * counts[g] as f64;
+        let mut x: f64 = rng.gen::<f64>() * (0..groups).map(node_weight).sum::<f64>();
+        let mut chosen = None;
+        for g in (0..groups).filter(|&g| counts[g] > 0) {
+            chosen = Some((g, x));
+            if x < node_weight(g) {
                 break;
             }
-            x -= w;
+            x -= node_weight(g);
         }
-        Some(Choice {
-            index: chosen,
+        let (g, x) = chosen?;
+        // Rounding can leave `x` a hair past the node's weight: take its last pod then.
+        let pod = ((x / per_pod[g]).max(0.0) as usize).min(counts[g] - 1);
+        candidates.nth(g, pod).map(|index| Choice {
+            index,
             reason: Reason::Strategy,
         })
     }

@@ -14,7 +14,7 @@
 //!   a measured one where there is one: a warming endpoint whose node's round-trip time
 //!   from this proxy (measured by the peer prober) already exceeds the SLO is kept out
 //!   (event 1 builds the initial pool "based on initial estimates, such as environmental
-//!   conditions"; see `ServiceRoute::too_far`). Failures (a `failure-status` answer,
+//!   conditions"; see `Route::too_far`). Failures (a `failure-status` answer,
 //!   reset, timeout, refused connection) and attempts unanswered past the SLO are
 //!   misses; consecutive failures eject at once (Envoy's outlier detection, linkerd's
 //!   failure accrual); a quiet pod whose few samples all miss is judged on them. The
@@ -62,14 +62,11 @@ use std::time::Duration;
 
 use rand::{Rng, RngCore};
 
-use super::{Choice, PickContext, Reason, Strategy};
+use super::{two_choices, Choice, PickContext, Reason, Strategy};
 
 /// QEdgeProxy's QoS pool with even two-choice spreading (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct QosPool;
-
-/// Draws of two random pool members before scanning the pool for a usable one.
-const DRAWS: usize = 3;
 
 /// In-flight requests beyond what latency explains before a member counts as saturated.
 const SATURATION_SLACK: f64 = 4.0;
@@ -84,32 +81,11 @@ impl Strategy for QosPool {
         let chosen = match pool.len() {
             0 => None,
             1 => ctx.usable(pool[0]).then_some(pool[0]),
-            n => {
-                let mut chosen = None;
-                for _ in 0..DRAWS {
-                    let a = rng.gen_range(0..n);
-                    let mut b = rng.gen_range(0..n - 1);
-                    if b >= a {
-                        b += 1;
-                    }
-                    let (a, b) = (pool[a], pool[b]);
-                    chosen = match (ctx.usable(a), ctx.usable(b)) {
-                        (true, true) => Some(prefer(ctx, a, b)),
-                        (true, false) => Some(a),
-                        (false, true) => Some(b),
-                        (false, false) => None,
-                    };
-                    if chosen.is_some() {
-                        break;
-                    }
-                }
-                chosen.or_else(|| {
-                    // Most of the pool is excluded or cooling down: choose among the rest.
-                    let usable: Vec<usize> =
-                        pool.iter().copied().filter(|&i| ctx.usable(i)).collect();
-                    (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
-                })
-            }
+            _ => two_choices(ctx, &pool, rng, |a, b| prefer(ctx, a, b)).or_else(|| {
+                // Most of the pool is excluded or cooling down: choose among the rest.
+                let usable: Vec<usize> = pool.iter().copied().filter(|&i| ctx.usable(i)).collect();
+                (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
+            }),
         };
         match chosen {
             Some(index) => {
@@ -148,12 +124,18 @@ fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
 /// Whether `a` holds more requests in flight than its latency explains next to `b`.
 fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
     let (sa, sb) = (&ctx.route.endpoints[a].state, &ctx.route.endpoints[b].state);
+    let in_flight = f64::from(sa.in_flight());
+    // The right-hand side is at least the slack (the ratio is never negative): below
+    // it there is no need to decay the two peak EWMAs, the costly part of the test.
+    if in_flight < SATURATION_SLACK {
+        return false;
+    }
     let ratio = match (sa.peak_ewma(ctx.now), sb.peak_ewma(ctx.now)) {
         (Some(la), Some(lb)) if !lb.is_zero() => la.as_secs_f64() / lb.as_secs_f64(),
         _ => 1.0,
     };
     let others = f64::from(sb.in_flight().max(1));
-    f64::from(sa.in_flight()) >= SATURATION_SLACK + 2.0 * others * ratio
+    in_flight >= SATURATION_SLACK + 2.0 * others * ratio
 }
 
 /// The best estimate of an endpoint's response time at the SLO percentile, in µs (see

@@ -25,13 +25,17 @@
 //! chosen uniformly among the equally scored ones. When there is no local pod and every
 //! remote node is over the threshold, the highest-scoring one is used anyway: serving
 //! late beats not serving.
-
-use std::collections::BTreeMap;
+//!
+//! Cost per pick: O(nodes). The algorithm only ever compares nodes, so the endpoints are
+//! grouped by node once per routing table, the nodes' fresh readings are cached until
+//! the environment changes or one of them turns stale (see [`crate::route`]), and the
+//! candidates per node are counted without visiting every endpoint (see
+//! [`PickContext::node_candidates`]).
 
 use rand::{Rng, RngCore};
 
 use super::params::Params;
-use super::{Choice, PickContext, Reason, Strategy};
+use super::{Choice, PickContext, Strategy};
 use crate::environment::Usage;
 use crate::settings::{ServiceSettings, SettingError};
 
@@ -60,6 +64,12 @@ impl Default for Rap {
 impl Rap {
     /// From `rap-cpu-threshold`, `rap-ram-threshold` (percent) and `rap-weight-*`.
     pub fn build(settings: &ServiceSettings) -> (Box<dyn Strategy>, Vec<SettingError>) {
+        let (rap, errors) = Self::from_settings(settings);
+        (Box::new(rap), errors)
+    }
+
+    /// [`Self::build`], unboxed.
+    pub fn from_settings(settings: &ServiceSettings) -> (Rap, Vec<SettingError>) {
         let mut p = Params::new(settings, "rap");
         let mut rap = Rap {
             cpu_threshold: p.percent("cpu-threshold", 0.9),
@@ -85,7 +95,7 @@ impl Rap {
                 ..Rap::default()
             };
         }
-        (Box::new(rap), p.errors)
+        (rap, p.errors)
     }
 
     fn under_threshold(&self, usage: Option<Usage>) -> bool {
@@ -103,36 +113,97 @@ impl Rap {
     }
 }
 
-/// Candidates grouped by node name (`None` for endpoints without a node).
-pub(crate) fn by_node<'a>(ctx: &'a PickContext<'_>) -> BTreeMap<Option<&'a str>, Vec<usize>> {
-    let mut nodes: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
-    for i in ctx.candidates() {
-        nodes
-            .entry(ctx.route.endpoints[i].endpoint.node.as_deref())
-            .or_default()
-            .push(i);
-    }
-    nodes
-}
-
-pub(crate) fn uniform(indices: &[usize], rng: &mut dyn RngCore) -> Option<Choice> {
-    (!indices.is_empty()).then(|| Choice {
-        index: indices[rng.gen_range(0..indices.len())],
-        reason: Reason::Strategy,
-    })
-}
-
 impl Strategy for Rap {
     fn name(&self) -> &'static str {
         "rap"
     }
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
-        let now = ctx.now;
-        let env = ctx.environment;
-        let mut nodes = by_node(ctx);
+        let readings = ctx.node_readings();
+        let candidates = ctx.node_candidates();
+        let local = readings.local.filter(|&g| candidates.count(g) > 0);
+        if let Some(local) = local {
+            if self.under_threshold(readings.local_usage) {
+                return candidates.uniform(local, rng);
+            }
+        }
+        // The other nodes with a candidate, in node-name order.
+        let remote: Vec<usize> = (0..ctx.route.nodes().len())
+            .filter(|&g| Some(g) != readings.local && candidates.count(g) > 0)
+            .collect();
+        let l_min = remote.iter().filter_map(|&g| readings.latency[g]).min();
+        let score = |g: usize| {
+            let ratio = match (l_min, readings.latency[g]) {
+                (Some(min), Some(l)) if !l.is_zero() => Some(min.as_secs_f64() / l.as_secs_f64()),
+                (Some(_), Some(_)) => Some(1.0),
+                _ => None,
+            };
+            self.score(readings.usage[g], ratio)
+        };
+        // The best node (Eq. 3), uniformly among ties; only among the nodes under the
+        // thresholds when `only_under`.
+        let best = |only_under: bool, rng: &mut dyn RngCore| {
+            let eligible = || {
+                remote
+                    .iter()
+                    .copied()
+                    .filter(|&g| !only_under || self.under_threshold(readings.usage[g]))
+            };
+            let top = eligible().map(score).fold(f64::NEG_INFINITY, f64::max);
+            let ties = || eligible().filter(|&g| score(g) >= top - 1e-12);
+            let n = ties().count();
+            (n > 0).then(|| ties().nth(rng.gen_range(0..n))).flatten()
+        };
+        if let Some(node) = best(true, rng) {
+            return candidates.uniform(node, rng);
+        }
+        // Every remote node is over the threshold: stay local (Algorithm 1) ...
+        if let Some(local) = local {
+            return candidates.uniform(local, rng);
+        }
+        // ... and with no local pod, the least loaded remote node still serves.
+        best(false, rng).and_then(|node| candidates.uniform(node, rng))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The O(nodes) pick against the algorithm written out over every candidate, on
+    //! random clusters with exclusions, cooldowns and stale readings: same RNG, same
+    //! choices.
+
+    use std::collections::BTreeMap;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rand::rngs::SmallRng;
+    use rand::{Rng, RngCore, SeedableRng};
+
+    use super::super::{Choice, PickContext, Reason, Strategy};
+    use super::Rap;
+    use crate::endpoint::{EndpointState, Observation, Outcome};
+    use crate::environment::{Environment, Usage};
+    use crate::model::{Conditions, Endpoint, ServiceKey, ServiceSpec};
+    use crate::route::{Route, RouteEndpoint};
+    use crate::settings::ServiceSettings;
+
+    /// RAP as first written: candidates grouped by node on every pick.
+    fn reference(rap: &Rap, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
+        let (now, env) = (ctx.now, ctx.environment);
+        let uniform = |pods: &[usize], rng: &mut dyn RngCore| {
+            (!pods.is_empty()).then(|| Choice {
+                index: pods[rng.gen_range(0..pods.len())],
+                reason: Reason::Strategy,
+            })
+        };
+        let mut nodes: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
+        for i in ctx.candidates() {
+            let node = ctx.route.endpoints[i].endpoint.node.as_deref();
+            nodes.entry(node).or_default().push(i);
+        }
         let local = ctx.local_node.and_then(|n| nodes.remove(&Some(n)));
-        let local_ok = self.under_threshold(ctx.local_node.and_then(|n| env.usage(n, now)));
+        let local_ok = rap.under_threshold(ctx.local_node.and_then(|n| env.usage(n, now)));
         if let Some(local) = &local {
             if local_ok {
                 return uniform(local, rng);
@@ -151,33 +222,111 @@ impl Strategy for Rap {
                     (Some(_), Some(_)) => Some(1.0),
                     _ => None,
                 };
-                (self.score(usage, ratio), self.under_threshold(usage), pods)
+                (rap.score(usage, ratio), rap.under_threshold(usage), pods)
             })
             .collect();
         let best = |only_under: bool, rng: &mut dyn RngCore| {
-            let eligible: Vec<&(f64, bool, &Vec<usize>)> = scored
-                .iter()
-                .filter(|(_, under, _)| *under || !only_under)
-                .collect();
+            let eligible: Vec<_> = scored.iter().filter(|s| s.1 || !only_under).collect();
             let top = eligible
                 .iter()
-                .map(|(s, _, _)| *s)
+                .map(|s| s.0)
                 .fold(f64::NEG_INFINITY, f64::max);
             let ties: Vec<&Vec<usize>> = eligible
                 .iter()
-                .filter(|(s, _, _)| *s >= top - 1e-12)
-                .map(|(_, _, pods)| *pods)
+                .filter(|s| s.0 >= top - 1e-12)
+                .map(|s| s.2)
                 .collect();
             (!ties.is_empty()).then(|| ties[rng.gen_range(0..ties.len())].clone())
         };
         if let Some(pods) = best(true, rng) {
             return uniform(&pods, rng);
         }
-        // Every remote node is over the threshold: stay local (Algorithm 1) ...
         if let Some(local) = &local {
             return uniform(local, rng);
         }
-        // ... and with no local pod, the least loaded remote node still serves.
         best(false, rng).and_then(|pods| uniform(&pods, rng))
+    }
+
+    #[test]
+    fn node_level_pick_matches_the_per_endpoint_algorithm() {
+        let key = ServiceKey::new("default", "svc");
+        let mut gen = SmallRng::seed_from_u64(7);
+        for scenario in 0..300u64 {
+            let t0 = Instant::now();
+            let nodes = gen.gen_range(1..6);
+            let pods = gen.gen_range(1..25);
+            let mut pairs = vec![("strategy", "rap".to_string())];
+            if gen.gen_bool(0.5) {
+                pairs.push(("rap-weight-latency", gen.gen_range(0..5).to_string()));
+            }
+            let (settings, _) =
+                ServiceSettings::from_pairs(pairs.iter().map(|(k, v)| (*k, v.as_str())));
+            let endpoints: Vec<RouteEndpoint> = (0..pods)
+                .map(|i| {
+                    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 9000 + i as u16));
+                    let e = Endpoint::new(format!("pod-{i}"), addr).with_conditions(Conditions {
+                        ready: gen.gen_bool(0.8),
+                        serving: true,
+                        terminating: gen.gen_bool(0.3),
+                    });
+                    let endpoint = match gen.gen_range(0..nodes + 1) {
+                        0 => e,
+                        n => e.on_node(format!("node-{n}")),
+                    };
+                    let state = EndpointState::new(&settings, t0);
+                    // Refused connections put some pods in cooldown.
+                    if gen.gen_bool(0.15) {
+                        let plain = Observation::plain(false);
+                        state.observe(t0, Outcome::ConnectFailed, &settings, &plain);
+                    }
+                    RouteEndpoint {
+                        endpoint,
+                        state: Arc::new(state),
+                    }
+                })
+                .collect();
+            let spec = ServiceSpec::new(key.clone(), vec![], settings.clone());
+            let route = Route::new(spec, endpoints, None, t0);
+            // Readings for some nodes, some of them old enough to turn stale.
+            let mut env = Environment::default();
+            for n in 1..=nodes {
+                let at = t0 + Duration::from_secs(gen.gen_range(0..3) * 20);
+                if gen.gen_bool(0.7) {
+                    let rtt = Duration::from_millis(gen.gen_range(0..4) * 5);
+                    env.set_latency(format!("node-{n}"), rtt, at);
+                }
+                if gen.gen_bool(0.7) {
+                    let level = |g: &mut SmallRng| [0.2, 0.5, 0.95][g.gen_range(0..3)];
+                    let usage = Usage {
+                        cpu: level(&mut gen),
+                        ram: level(&mut gen),
+                    };
+                    env.set_usage(format!("node-{n}"), usage, at);
+                }
+            }
+            let env = Arc::new(env);
+            let local_node = gen.gen_bool(0.8).then_some("node-1");
+            let (rap, _) = Rap::from_settings(&settings);
+            let topology = BTreeMap::new();
+            for step in 0..20u64 {
+                // From inside the cooldowns (250 ms) to past every reading.
+                let now = t0 + Duration::from_millis(step * step * 300);
+                let exclude: Vec<usize> = (0..route.endpoints.len())
+                    .filter(|_| gen.gen_bool(0.15))
+                    .collect();
+                let ctx = PickContext {
+                    route: &route,
+                    now,
+                    local_node,
+                    nodes: &topology,
+                    environment: &env,
+                    exclude: &exclude,
+                };
+                let seed = gen.next_u64();
+                let fast = rap.pick(&ctx, &mut SmallRng::seed_from_u64(seed));
+                let slow = reference(&rap, &ctx, &mut SmallRng::seed_from_u64(seed));
+                assert_eq!(fast, slow, "scenario {scenario}, step {step}");
+            }
+        }
     }
 }

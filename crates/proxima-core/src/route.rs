@@ -1,0 +1,430 @@
+//! One service as routed: its endpoints with their live state, which of them may take
+//! traffic, its QoS pool, and its endpoints grouped by node. This is everything a
+//! strategy reads when it picks (see `strategy::PickContext`); the router pairs
+//! a [`Route`] with the strategy that picks among it (`router::ServiceRoute`). The module
+//! depends on neither, so imports run one way: `router` → `strategy` → `route`.
+//!
+//! # What a route holds and what changes in place
+//!
+//! A [`Route`] is built by the router from one discovery state and never rebuilt in
+//! place: the spec, the endpoints, the eligible set and the node groups are fixed for its
+//! life. Three things change while it is published, each because waiting for the next
+//! discovery update would route on stale facts:
+//!
+//! * the **QoS pool** (`pool`): rebuilt from the endpoints' admission verdicts after a
+//!   measurement flips one, and from node latencies after an environment update. It is
+//!   an [`ArcSwap`]: a pick reads one complete list, old or new, and a writer publishes
+//!   a whole new list under the router's writer lock, so two writers never interleave;
+//! * each endpoint's [`EndpointState`]: atomics and a mutex of its own, shared with the
+//!   routes built later for the same endpoint (that is how measurements survive updates);
+//! * two caches that only ever hold what could be recomputed from the route, the
+//!   environment and the time: the **node readings** (per node group: fresh latency and
+//!   usage, valid for one environment snapshot and the span of time in which no reading
+//!   turns stale; see [`NodeReadings`]) and the **cooldown horizon** (a time after which
+//!   no endpoint of the service is cooling down; it only ever grows, and a pick that
+//!   sees an older value only takes the slower exact path).
+//!
+//! So a pick never sees a half-built route; at worst it sees a pool or a cache one
+//! update behind, which is the same as having picked a moment earlier.
+
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+
+use crate::endpoint::EndpointState;
+use crate::environment::{Environment, Usage};
+use crate::model::{Endpoint, ServiceKey, ServiceSpec};
+use crate::settings::ServiceSettings;
+
+/// An endpoint of a routed service: what discovery said, plus the live state.
+#[derive(Debug)]
+pub struct RouteEndpoint {
+    pub endpoint: Endpoint,
+    pub state: Arc<EndpointState>,
+}
+
+/// The eligible endpoints of a route on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGroup {
+    /// The node's name; `None` for endpoints whose node is unknown.
+    pub node: Option<String>,
+    /// Indices into [`Route::endpoints`], ascending.
+    pub members: Vec<usize>,
+}
+
+/// A port of the service as the router resolved it: the index of a service port, or
+/// `None` for the unnamed port of a service declared without ports.
+pub type PortSlot = Option<usize>;
+
+/// Marks an endpoint that is in no node group (not eligible).
+const NO_GROUP: u32 = u32::MAX;
+
+/// One service as routed (see the module docs).
+#[derive(Debug)]
+pub struct Route {
+    pub spec: ServiceSpec,
+    pub endpoints: Vec<RouteEndpoint>,
+    eligible: Vec<usize>,
+    pool: ArcSwap<Vec<usize>>,
+    /// Eligible endpoints by node, in node-name order (`None` first).
+    nodes: Vec<NodeGroup>,
+    /// For each endpoint, the index of its group in `nodes` (`NO_GROUP`: not eligible).
+    group_of: Vec<u32>,
+    /// Each endpoint's socket address per [`PortSlot`]: one list for the unnamed port,
+    /// then one per service port (resolved once here rather than on every pick).
+    addrs: Vec<Vec<Option<SocketAddr>>>,
+    /// Shared by every route built for this service (see [`Route::none_cooling`]).
+    cooldowns: Arc<CooldownHorizon>,
+    /// The router's epoch: the origin of the horizon's nanoseconds.
+    epoch: Instant,
+    readings: ArcSwapOption<NodeReadings>,
+}
+
+impl Route {
+    /// A route over `endpoints` (kept in the given order). `previous` is the route this
+    /// one replaces for the same service, whose endpoint states it shares: its cooldown
+    /// horizon carries over. `epoch` is the router's.
+    pub(crate) fn new(
+        spec: ServiceSpec,
+        endpoints: Vec<RouteEndpoint>,
+        previous: Option<&Route>,
+        epoch: Instant,
+    ) -> Self {
+        let eligible = eligible(&endpoints);
+        let nodes = node_groups(&endpoints, &eligible);
+        let mut group_of = vec![NO_GROUP; endpoints.len()];
+        for (g, group) in nodes.iter().enumerate() {
+            for &i in &group.members {
+                group_of[i] = g as u32;
+            }
+        }
+        let cooldowns = previous.map_or_else(Arc::default, |p| p.cooldowns.clone());
+        let names = [""]
+            .into_iter()
+            .chain(spec.ports.iter().map(|p| p.name.as_str()));
+        let addrs = names
+            .map(|name| {
+                let addr = |e: &RouteEndpoint| {
+                    let port = e.endpoint.port(name)?;
+                    Some(SocketAddr::new(e.endpoint.ip, port))
+                };
+                endpoints.iter().map(addr).collect()
+            })
+            .collect();
+        let route = Self {
+            spec,
+            endpoints,
+            addrs,
+            eligible,
+            pool: ArcSwap::from_pointee(Vec::new()),
+            nodes,
+            group_of,
+            cooldowns,
+            epoch,
+            readings: ArcSwapOption::empty(),
+        };
+        for endpoint in &route.endpoints {
+            route.note_cooldown(&endpoint.state, epoch);
+        }
+        route
+    }
+
+    pub fn key(&self) -> &ServiceKey {
+        &self.spec.key
+    }
+
+    pub fn settings(&self) -> &ServiceSettings {
+        &self.spec.settings
+    }
+
+    /// Indices of the endpoints that may take traffic by their conditions: the ready
+    /// ones; or, when none is ready, the ones still serving while terminating (as
+    /// kube-proxy does).
+    pub fn eligible(&self) -> &[usize] {
+        &self.eligible
+    }
+
+    /// Indices of the eligible endpoints in the QoS pool (warming or admitted). An
+    /// endpoint added to a service whose pods are already measured is not in it until
+    /// a first background probe has answered within the SLO (as Envoy's
+    /// `ignore_new_hosts_until_first_hc`), so that a new pod that cannot meet the SLO
+    /// never costs a client request, as long as the pool has a measured member to
+    /// serve meanwhile. The endpoints of a new service are tried on the initial
+    /// estimate (QEdgeProxy §III-A, event 1); every new endpoint gets its first probe at
+    /// once either way (`Router::due_probes`).
+    pub fn pool(&self) -> Guard<Arc<Vec<usize>>> {
+        self.pool.load()
+    }
+
+    /// The eligible endpoints grouped by node, in node-name order (endpoints without a
+    /// node first).
+    pub fn nodes(&self) -> &[NodeGroup] {
+        &self.nodes
+    }
+
+    /// The index in [`Self::nodes`] of the group holding endpoint `index`, if eligible.
+    pub fn group_of(&self, index: usize) -> Option<usize> {
+        self.group_of
+            .get(index)
+            .filter(|&&g| g != NO_GROUP)
+            .map(|&g| g as usize)
+    }
+
+    /// The name endpoints give the port in `slot` (empty for the unnamed port).
+    pub fn port_name(&self, slot: PortSlot) -> &str {
+        slot.and_then(|i| self.spec.ports.get(i))
+            .map_or("", |p| p.name.as_str())
+    }
+
+    /// Endpoint `index`'s address for the port in `slot`, if it has that port (see
+    /// [`Endpoint::port`]).
+    pub fn addr(&self, slot: PortSlot, index: usize) -> Option<SocketAddr> {
+        *self.addrs.get(slot.map_or(0, |i| i + 1))?.get(index)?
+    }
+
+    /// Whether endpoints are only there as a terminating fallback.
+    pub fn only_terminating(&self) -> bool {
+        !self.eligible.is_empty()
+            && self
+                .eligible
+                .iter()
+                .all(|&i| !self.endpoints[i].endpoint.conditions.ready)
+    }
+
+    /// Publish a new pool list (the router computes it; it needs the strategy).
+    pub(crate) fn set_pool(&self, pool: Vec<usize>) {
+        self.pool.store(Arc::new(pool));
+    }
+
+    /// Whether the endpoint at `index` is kept out of the pool until its first probe.
+    pub fn awaiting_first_probe(&self, index: usize) -> bool {
+        let state = &self.endpoints[index].state;
+        state.warming() && state.held_until_probed() && !self.pool().contains(&index)
+    }
+
+    /// How many of the eligible endpoints may be out for consecutive failures at once:
+    /// `max-ejection-percent` of them, rounded down, but at least one (as Envoy), unless
+    /// the percentage is 0.
+    pub fn ejection_cap(&self) -> usize {
+        let percent = self.spec.settings.qos_pool.max_ejection_percent;
+        if percent <= 0.0 {
+            return 0;
+        }
+        ((self.eligible.len() as f64 * percent / 100.0).floor() as usize).max(1)
+    }
+
+    /// Eligible endpoints currently out for consecutive failures.
+    pub fn failure_ejected(&self) -> usize {
+        self.eligible
+            .iter()
+            .filter(|&&i| self.endpoints[i].state.failure_ejected())
+            .count()
+    }
+
+    /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
+    /// such as environmental conditions"): an endpoint not yet judged on its own
+    /// measurements, whose node's round-trip time from this proxy alone exceeds the SLO,
+    /// cannot meet it and is not tried. Returns that RTT. Endpoints on this node, without
+    /// a node, or without a fresh RTT reading are given the benefit of the doubt.
+    pub fn too_far(
+        &self,
+        index: usize,
+        env: &Environment,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let endpoint = &self.endpoints[index];
+        if !endpoint.state.warming() {
+            return None;
+        }
+        let node = endpoint.endpoint.node.as_deref()?;
+        if Some(node) == local_node {
+            return None;
+        }
+        env.latency(node, now)
+            .filter(|rtt| *rtt > self.spec.settings.latency_slo)
+    }
+
+    /// The endpoint index with this id.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.endpoints.iter().position(|e| e.endpoint.id == id)
+    }
+
+    /// Take note of `state`'s cooldown, if it has one at `now` (call after anything
+    /// that may have started one: a connection failure, seen in a request or a probe).
+    pub(crate) fn note_cooldown(&self, state: &EndpointState, now: Instant) {
+        if let Some(left) = state.cooldown_remaining(now) {
+            let until = self.nanos(now + left).saturating_add(1);
+            self.cooldowns.0.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether no endpoint of the service can be cooling down at `now`: `now` is past
+    /// every cooldown the route was told of. `false` only means "look at each one".
+    pub fn none_cooling(&self, now: Instant) -> bool {
+        self.nanos(now) >= self.cooldowns.0.load(Ordering::Relaxed)
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The fresh node readings of the route's node groups at `now` under `env` for a
+    /// proxy on `local_node`: the cached ones while still valid, else computed (in
+    /// O(readings + nodes)) and cached.
+    pub fn node_readings(
+        &self,
+        env: &Arc<Environment>,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> ReadingsRef {
+        let cached = self.readings.load();
+        if cached
+            .as_ref()
+            .is_some_and(|r| r.valid_for(env, local_node, now))
+        {
+            return ReadingsRef::Cached(cached);
+        }
+        let fresh = Arc::new(NodeReadings::new(&self.nodes, env, local_node, now));
+        self.readings.store(Some(fresh.clone()));
+        ReadingsRef::Computed(fresh)
+    }
+}
+
+/// The latest end of a cooldown among a service's endpoints, in nanoseconds after the
+/// router's epoch (0: none). It only grows; see [`Route::none_cooling`].
+#[derive(Debug, Default)]
+struct CooldownHorizon(AtomicU64);
+
+/// The fresh environment readings of a route's node groups at one time, and the span of
+/// time over which they stay the same. Holding the environment snapshot they were read
+/// from keeps its identity (no other snapshot can take its address while it is held).
+#[derive(Debug)]
+pub struct NodeReadings {
+    environment: Arc<Environment>,
+    local_node: Option<String>,
+    /// The readings hold for `after < now <= until` (each bound `None`: unbounded).
+    after: Option<Instant>,
+    until: Option<Instant>,
+    /// Per node group (same index as [`Route::nodes`]): fresh RTT from this proxy.
+    pub latency: Vec<Option<Duration>>,
+    /// Per node group: fresh resource usage.
+    pub usage: Vec<Option<Usage>>,
+    /// The group of the local node, when it has eligible endpoints.
+    pub local: Option<usize>,
+    /// Fresh usage of the local node (whether or not it hosts an endpoint).
+    pub local_usage: Option<Usage>,
+    /// The smallest fresh RTT to any node other than the local one, whether or not it
+    /// hosts an endpoint ([`Environment::min_latency`]).
+    pub min_latency_elsewhere: Option<Duration>,
+}
+
+impl NodeReadings {
+    fn new(
+        nodes: &[NodeGroup],
+        env: &Arc<Environment>,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> Self {
+        // Every reading is fresh while `now <= at + max_age`; find the span around `now`
+        // in which none of them changes side.
+        let (mut after, mut until) = (None::<Instant>, None::<Instant>);
+        let stamps = env
+            .latency
+            .values()
+            .map(|r| r.at)
+            .chain(env.usage.values().map(|r| r.at));
+        for at in stamps {
+            let Some(expiry) = at.checked_add(env.max_age) else {
+                continue;
+            };
+            if now <= expiry {
+                until = Some(until.map_or(expiry, |u| u.min(expiry)));
+            } else {
+                after = Some(after.map_or(expiry, |a| a.max(expiry)));
+            }
+        }
+        Self {
+            environment: env.clone(),
+            local_node: local_node.map(str::to_string),
+            after,
+            until,
+            latency: nodes
+                .iter()
+                .map(|g| g.node.as_deref().and_then(|n| env.latency(n, now)))
+                .collect(),
+            usage: nodes
+                .iter()
+                .map(|g| g.node.as_deref().and_then(|n| env.usage(n, now)))
+                .collect(),
+            local: local_node.and_then(|l| nodes.iter().position(|g| g.node.as_deref() == Some(l))),
+            local_usage: local_node.and_then(|n| env.usage(n, now)),
+            min_latency_elsewhere: env.min_latency(local_node, now),
+        }
+    }
+
+    fn valid_for(&self, env: &Arc<Environment>, local_node: Option<&str>, now: Instant) -> bool {
+        Arc::ptr_eq(&self.environment, env)
+            && self.after.is_none_or(|a| now > a)
+            && self.until.is_none_or(|u| now <= u)
+            && self.local_node.as_deref() == local_node
+    }
+}
+
+/// [`NodeReadings`] as returned by [`Route::node_readings`]: borrowed from the cache, or
+/// just computed.
+pub enum ReadingsRef {
+    Cached(Guard<Option<Arc<NodeReadings>>>),
+    Computed(Arc<NodeReadings>),
+}
+
+impl Deref for ReadingsRef {
+    type Target = NodeReadings;
+
+    fn deref(&self) -> &NodeReadings {
+        match self {
+            ReadingsRef::Cached(guard) => guard
+                .as_deref()
+                .expect("a cached reading is only returned when present"),
+            ReadingsRef::Computed(readings) => readings,
+        }
+    }
+}
+
+/// The endpoints that may take traffic by their conditions (see [`Route::eligible`]).
+fn eligible(endpoints: &[RouteEndpoint]) -> Vec<usize> {
+    let ready: Vec<usize> = (0..endpoints.len())
+        .filter(|&i| endpoints[i].endpoint.conditions.ready)
+        .collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    (0..endpoints.len())
+        .filter(|&i| {
+            let c = endpoints[i].endpoint.conditions;
+            c.serving && c.terminating
+        })
+        .collect()
+}
+
+/// The eligible endpoints grouped by node name, in name order (`None` first).
+fn node_groups(endpoints: &[RouteEndpoint], eligible: &[usize]) -> Vec<NodeGroup> {
+    let mut by_node: std::collections::BTreeMap<Option<&str>, Vec<usize>> = Default::default();
+    for &i in eligible {
+        by_node
+            .entry(endpoints[i].endpoint.node.as_deref())
+            .or_default()
+            .push(i);
+    }
+    by_node
+        .into_iter()
+        .map(|(node, members)| NodeGroup {
+            node: node.map(str::to_string),
+            members,
+        })
+        .collect()
+}
