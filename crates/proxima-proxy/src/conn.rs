@@ -373,28 +373,41 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> Watched<S> {
+    /// One write of either kind: `first` (the first non-empty buffer) may be taken by
+    /// the interceptor; otherwise what is pending goes first, then `write`.
+    fn write_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: Option<&[u8]>,
+        write: impl FnOnce(Pin<&mut S>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if let Some(taken) = first.and_then(|buf| self.intercept(buf)) {
+            // Written now if the socket takes it, else on the flush that follows.
+            if let Poll::Ready(Err(e)) = self.poll_pending(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(taken));
+        }
+        if self.poll_pending(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        let polled = write(Pin::new(&mut self.inner), cx);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if let Some(taken) = this.intercept(buf) {
-            // Written now if the socket takes it, else on the flush that follows.
-            if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
-                return Poll::Ready(Err(e));
-            }
-            return Poll::Ready(Ok(taken));
-        }
-        if this.poll_pending(cx)?.is_pending() {
-            return Poll::Pending;
-        }
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
-        polled
+        self.get_mut()
+            .write_with(cx, Some(buf), |inner, cx| inner.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -402,23 +415,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
-            if let Some(taken) = this.intercept(first) {
-                if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
-                    return Poll::Ready(Err(e));
-                }
-                return Poll::Ready(Ok(taken));
-            }
-        }
-        if this.poll_pending(cx)?.is_pending() {
-            return Poll::Pending;
-        }
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
-        polled
+        let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &**b);
+        self.get_mut()
+            .write_with(cx, first, |inner, cx| inner.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
