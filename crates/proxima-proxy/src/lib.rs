@@ -46,7 +46,7 @@ pub use prometheus;
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
 pub use connect::connect_from;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `proxima_requests_total` | service, endpoint, code | requests answered; `code` is the status the client got, or `error` when the proxy answered 502/504 because the pod failed (then `endpoint` is the last one tried). Requests that named no known service have `service=""` and `endpoint=""` so that client input never becomes a label. |
 //! | `proxima_request_duration_seconds` | service | client-seen time to response headers |
-//! | `proxima_upstream_duration_seconds` | service, endpoint | time of the successful attempt, connect included, to response headers (the measurement of Algorithm 1) |
+//! | `proxima_upstream_duration_seconds` | service, endpoint | only with [`MetricsOptions::pod_histograms`] (`--metrics-pod-histograms`): time of the successful attempt, connect included, to response headers (the measurement of Algorithm 1) |
 //! | `proxima_slo_total` | service, result=`met`\|`missed` | requests whose client-seen time met the service's latency SLO (failures miss it) |
 //! | `proxima_pool_changes_total` | service, change=`evicted`\|`readmitted` | QoS-pool membership changes |
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
@@ -15,6 +15,15 @@
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
+//!
+//! Together with the routing-table gauges of the admin server (`proxima_endpoint_in_pool`,
+//! `proxima_endpoint_in_flight`, `proxima_endpoint_estimate_seconds`, computed at scrape
+//! time), these make the default metric set scale with the number of pods: latency
+//! histograms per service (13 buckets each), and per pod only counters and gauges (the
+//! `proxima_requests_total` codes it answered, its failed attempts in
+//! `proxima_upstream_errors_total`, created when the first one happens). A histogram per
+//! pod costs 16 series per pod, 16,000 at a thousand pods; it is there only with
+//! [`MetricsOptions::pod_histograms`].
 //!
 //! The hot path does not hash label values: label handles are cached per service and
 //! per endpoint in copy-on-write maps that are read without locks and extended (under a
@@ -31,10 +40,12 @@ use prometheus::{
 };
 use proxima_core::{EndpointId, PoolChange, Reason, ServiceKey, Table};
 
-/// Histogram buckets, 0.5 ms to 10 s.
+/// Histogram buckets, 1 ms to 10 s: Prometheus' default buckets (5 ms to 10 s) and 1 and
+/// 2.5 ms for the fastest services. Each bucket is a series per histogram (100 per
+/// hundred services), so there are no more than quantiles per service need; SLO
+/// attainment does not depend on them (`proxima_slo_total` counts it exactly).
 const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
-    10.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Status codes whose request counters are cached per endpoint; others are looked up.
@@ -74,6 +85,15 @@ impl ErrorKind {
             ErrorKind::Protocol => "protocol",
         }
     }
+}
+
+/// Which optional metric families are exported.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MetricsOptions {
+    /// Export `proxima_upstream_duration_seconds{service,endpoint}`, a latency histogram
+    /// per pod (16 series each). Off by default: at a thousand pods it multiplies the
+    /// size of `/metrics` several times.
+    pub pod_histograms: bool,
 }
 
 /// The data plane's Prometheus metrics (see the module docs).
@@ -116,7 +136,8 @@ impl CloseReason {
 struct Vecs {
     requests: IntCounterVec,
     request_duration: HistogramVec,
-    upstream_duration: HistogramVec,
+    /// Only with [`MetricsOptions::pod_histograms`].
+    upstream_duration: Option<HistogramVec>,
     slo: IntCounterVec,
     pool_changes: IntCounterVec,
     upstream_errors: IntCounterVec,
@@ -169,7 +190,7 @@ pub(crate) struct EndpointMetrics {
     vecs: Arc<Vecs>,
     service: String,
     endpoint: String,
-    upstream_duration: Histogram,
+    upstream_duration: Option<Histogram>,
     codes: [LazyCounter; COMMON_CODES.len()],
     error_code: LazyCounter,
     errors: [LazyCounter; 4],
@@ -203,8 +224,26 @@ fn histogram_vec(
 }
 
 impl Metrics {
-    /// Create the metrics and register them on `registry`.
+    /// Create the default metrics and register them on `registry`.
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        Self::with_options(registry, MetricsOptions::default())
+    }
+
+    /// Create the metrics `options` choose and register them on `registry`.
+    pub fn with_options(
+        registry: &Registry,
+        options: MetricsOptions,
+    ) -> Result<Self, prometheus::Error> {
+        let upstream_duration = if options.pod_histograms {
+            Some(histogram_vec(
+                registry,
+                "proxima_upstream_duration_seconds",
+                "Time of the answering attempt to an endpoint, connect included, to response headers.",
+                &["service", "endpoint"],
+            )?)
+        } else {
+            None
+        };
         let vecs = Vecs {
             requests: counter_vec(
                 registry,
@@ -218,12 +257,7 @@ impl Metrics {
                 "Client-seen time to response headers.",
                 &["service"],
             )?,
-            upstream_duration: histogram_vec(
-                registry,
-                "proxima_upstream_duration_seconds",
-                "Time of the answering attempt to an endpoint, connect included, to response headers.",
-                &["service", "endpoint"],
-            )?,
+            upstream_duration,
             slo: counter_vec(
                 registry,
                 "proxima_slo_total",
@@ -408,7 +442,8 @@ impl ServiceMetrics {
             upstream_duration: self
                 .vecs
                 .upstream_duration
-                .with_label_values(&[&self.label, id]),
+                .as_ref()
+                .map(|vec| vec.with_label_values(&[&self.label, id])),
             service: self.label.clone(),
             endpoint: id.to_string(),
             codes: std::array::from_fn(|_| LazyCounter::new()),
@@ -523,7 +558,9 @@ impl ServiceMetrics {
 
 impl EndpointMetrics {
     pub(crate) fn upstream_duration(&self, d: Duration) {
-        self.upstream_duration.observe(d.as_secs_f64());
+        if let Some(histogram) = &self.upstream_duration {
+            histogram.observe(d.as_secs_f64());
+        }
     }
 
     /// Count a request answered with the pod's `status`.
@@ -573,7 +610,9 @@ impl EndpointMetrics {
 
     fn remove_series(&self) {
         let (s, e) = (self.service.as_str(), self.endpoint.as_str());
-        let _ = self.vecs.upstream_duration.remove_label_values(&[s, e]);
+        if let Some(vec) = &self.vecs.upstream_duration {
+            let _ = vec.remove_label_values(&[s, e]);
+        }
         let others = self
             .other_codes
             .lock()
@@ -613,7 +652,10 @@ mod tests {
     #[test]
     fn counts_through_cached_handles_and_forgets_removed_endpoints() {
         let registry = Registry::new();
-        let metrics = Metrics::new(&registry).unwrap();
+        let options = MetricsOptions {
+            pod_histograms: true,
+        };
+        let metrics = Metrics::with_options(&registry, options).unwrap();
         let key = ServiceKey::new("shop", "api");
         let s = metrics.service(&key);
         assert!(Arc::ptr_eq(&s, &metrics.service(&key)));
@@ -681,5 +723,33 @@ mod tests {
         metrics.forget_missing(&router.table());
         assert!(!text(&registry).contains("api.shop"));
         assert!(!Arc::ptr_eq(&s, &metrics.service(&key)));
+    }
+
+    #[test]
+    fn per_pod_histograms_only_when_asked_for() {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry).unwrap();
+        let s = metrics.service(&ServiceKey::new("shop", "api"));
+        let e = s.endpoint("pod-a");
+        e.upstream_duration(Duration::from_millis(3));
+        e.response(http::StatusCode::OK);
+        s.request_duration(Duration::from_millis(4));
+        let out = text(&registry);
+        assert!(!out.contains("proxima_upstream_duration_seconds"), "{out}");
+        // Per service: one histogram; per pod: only its counters.
+        let histogram_lines = out
+            .lines()
+            .filter(|l| l.starts_with("proxima_request_duration_seconds"))
+            .count();
+        assert_eq!(histogram_lines, BUCKETS.len() + 3, "{out}");
+        let pod_lines: Vec<_> = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("pod-a"))
+            .collect();
+        assert_eq!(
+            pod_lines,
+            [r#"proxima_requests_total{code="200",endpoint="pod-a",service="api.shop"} 1"#],
+            "{out}"
+        );
     }
 }

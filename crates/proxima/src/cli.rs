@@ -290,6 +290,16 @@ pub struct ProxyArgs {
     #[arg(long, env = "PROXIMA_UPSTREAM_BIND", value_name = "IP")]
     pub upstream_bind: Option<IpAddr>,
 
+    /// Also export a latency histogram per pod (proxima_upstream_duration_seconds with
+    /// service and endpoint labels, 16 series per pod). Off by default: per-service
+    /// histograms and per-pod counters and gauges keep /metrics small at 1000 pods.
+    #[arg(
+        long,
+        env = "PROXIMA_METRICS_POD_HISTOGRAMS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub metrics_pod_histograms: bool,
+
     #[command(flatten)]
     pub limits: LimitArgs,
 
@@ -629,6 +639,13 @@ pub struct NodesArgs {
 }
 
 impl ProxyArgs {
+    /// Which optional metrics the proxy exports.
+    pub fn metrics_options(&self) -> proxima_proxy::MetricsOptions {
+        proxima_proxy::MetricsOptions {
+            pod_histograms: self.metrics_pod_histograms,
+        }
+    }
+
     /// The data plane's settings from these flags (the connection budget resolved).
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
