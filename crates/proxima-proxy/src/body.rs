@@ -1,11 +1,13 @@
-//! Request and response bodies, streamed frame by frame (never buffered whole).
+//! Response bodies, streamed frame by frame (never buffered whole); the request's is in
+//! `request_body`.
 //!
 //! [`ResponseBody`] wraps a pod's response body and holds the attempt's
 //! [`Picked`](proxima_core::Picked) until the body has been streamed to the end: the
 //! endpoint's in-flight count, which power-of-two-choices reads, must cover the whole
-//! transfer and not only the wait for headers. When the body completes, the upstream
-//! connection goes back to the keep-alive pool; when it breaks off (client gone, pod
-//! reset) the connection is dropped, which closes it.
+//! transfer and not only the wait for headers. When the body ends, the upstream
+//! connection's [`Lease`] is released, telling the pool whether the exchange completed
+//! (the pool keeps it for reuse, within its bounds) or broke off (client gone, pod
+//! reset: the pool closes it).
 //!
 //! A pod's body may begin with a frame the proxy already read ([`UpstreamBody`]): before
 //! answering, `forward::attempt` waits a moment for the first frame so that a body that
@@ -25,62 +27,22 @@ use proxima_core::Picked;
 
 use crate::conn::InFlight;
 use crate::metrics::{EndpointMetrics, ErrorKind};
-use crate::pool::{ConnPool, Sender};
-
-/// Body of a request on its way to a pod: the client's body, or nothing (requests
-/// without a body, and replays of them).
-#[derive(Debug)]
-pub(crate) enum RequestBody {
-    Client(Incoming),
-    Empty,
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            RequestBody::Client(body) => Pin::new(body).poll_frame(cx),
-            RequestBody::Empty => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Client(body) => body.is_end_stream(),
-            RequestBody::Empty => true,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Client(body) => body.size_hint(),
-            RequestBody::Empty => SizeHint::with_exact(0),
-        }
-    }
-}
+use crate::pool::Lease;
 
 /// What to do once a pod's response body has been streamed.
 #[derive(Debug)]
 pub(crate) struct Finish {
     /// Keeps the endpoint's in-flight count until the body is done.
     pub(crate) picked: Picked,
-    pub(crate) pool: Arc<ConnPool>,
-    pub(crate) sender: Sender,
+    /// The connection the response came on; the pool decides whether it is kept.
+    pub(crate) connection: Lease,
     pub(crate) metrics: Arc<EndpointMetrics>,
 }
 
 impl Finish {
     fn complete(self, clean: bool) {
-        if clean {
-            self.pool.put(self.picked.addr, self.sender);
-        }
-        // Dropping `picked` ends the in-flight count; dropping an unpooled sender
-        // closes its connection.
+        self.connection.release(clean);
+        // Dropping `picked` ends the in-flight count.
     }
 }
 

@@ -23,6 +23,12 @@ pub struct ProxyConfig {
     pub shutdown_grace: Duration,
     /// How long an idle upstream keep-alive connection is kept. Default 60 s.
     pub pool_idle_timeout: Duration,
+    /// Most idle keep-alive connections kept to one pod; beyond it the pod's oldest idle
+    /// one is closed. `0` turns keep-alive to pods off. Default 32.
+    pub max_idle_per_endpoint: usize,
+    /// Most idle keep-alive connections kept in all; beyond it the oldest idle one (to
+    /// any pod) is closed. `0` turns keep-alive to pods off. Default 1024.
+    pub max_idle_total: usize,
     /// Local address bound before connecting to upstreams (client traffic and background
     /// probes alike), as HAProxy's `source`: on a host with several addresses it decides
     /// which one pods see as the peer. The port is chosen by the kernel. An upstream of the
@@ -65,6 +71,8 @@ impl Default for ProxyConfig {
             max_header_bytes: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
+            max_idle_per_endpoint: 32,
+            max_idle_total: 1024,
             upstream_bind: None,
             client_header_timeout: Duration::from_secs(30),
             client_idle_timeout: Duration::from_secs(60),

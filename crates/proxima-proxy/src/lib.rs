@@ -11,10 +11,11 @@
 //! * `server`: listening, HTTP/1.1 + h2c, graceful shutdown ([`serve`]).
 //! * [`target`]: which service a request names.
 //! * `forward`: the request path: pick, connect, send, retry, measure.
-//! * `pool`: upstream connections and their keep-alive pool; [`connect_from`]: the
-//!   one way out of a bind address, shared with the peer prober of `proxima_nodes`.
+//! * `pool`: upstream connections and their bounded keep-alive pool; [`connect_from`]:
+//!   the one way out of a bind address, shared with the peer prober of `proxima_nodes`.
 //! * `conn`: client connection timeouts (silent, idle and stalled connections).
-//! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
+//! * `headers`, `request_body`, `body`, `reply`: header rewriting, streaming bodies,
+//!   error answers.
 //! * [`Metrics`]: Prometheus metrics; `spans`: the `request` span every log line about
 //!   a request carries.
 //! * `prober`: background probes ([`run_prober`]).
@@ -31,6 +32,7 @@ mod metrics;
 mod pool;
 mod prober;
 mod reply;
+mod request_body;
 mod server;
 mod spans;
 mod stall;
@@ -51,7 +53,7 @@ pub use prober::run_prober;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
 
-use pool::ConnPool;
+use pool::{ConnPool, PoolBounds};
 use stall::StallMeter;
 
 /// The data plane: routing table, metrics, settings and upstream connections, shared by
@@ -72,8 +74,13 @@ impl Proxy {
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, config: ProxyConfig) -> Arc<Self> {
         let pool = Arc::new(ConnPool::new(
             config.pool_idle_timeout,
+            PoolBounds {
+                per_endpoint: config.max_idle_per_endpoint,
+                total: config.max_idle_total,
+            },
             config.upstream_bind,
             config.max_response_headers,
+            metrics.pool(),
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);
@@ -102,5 +109,15 @@ impl Proxy {
     /// Idle upstream keep-alive connections currently pooled.
     pub fn idle_connections(&self) -> usize {
         self.pool.idle_count()
+    }
+
+    /// The most idle upstream keep-alive connections currently pooled to one pod.
+    pub fn max_idle_connections_per_endpoint(&self) -> usize {
+        self.pool.max_idle_per_endpoint()
+    }
+
+    /// Idle upstream keep-alive connections currently pooled to `addr`.
+    pub fn idle_connections_to(&self, addr: std::net::SocketAddr) -> usize {
+        self.pool.idle_to(addr)
     }
 }

@@ -13,6 +13,8 @@
 //! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
+//! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
+//! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
@@ -105,6 +107,56 @@ pub struct Metrics {
     writer: Mutex<()>,
     client_connections: IntGauge,
     connections_closed: IntCounterVec,
+    pool: PoolMetrics,
+}
+
+/// Why the connection pool closed an idle connection
+/// (`proxima_upstream_idle_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdleCloseReason {
+    /// Its pod already had `max_idle_per_endpoint` idle connections.
+    EndpointLimit,
+    /// The pool already held `max_idle_total`.
+    TotalLimit,
+    /// Idle for `pool_idle_timeout`.
+    Expired,
+}
+
+impl IdleCloseReason {
+    const ALL: [IdleCloseReason; 3] = [
+        IdleCloseReason::EndpointLimit,
+        IdleCloseReason::TotalLimit,
+        IdleCloseReason::Expired,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            IdleCloseReason::EndpointLimit => "endpoint_limit",
+            IdleCloseReason::TotalLimit => "total_limit",
+            IdleCloseReason::Expired => "expired",
+        }
+    }
+}
+
+/// The connection pool's metrics (handles shared with [`Metrics`]).
+#[derive(Clone, Debug)]
+pub(crate) struct PoolMetrics {
+    idle: IntGauge,
+    closed: [IntCounter; 3],
+}
+
+impl PoolMetrics {
+    pub(crate) fn set_idle(&self, count: usize) {
+        self.idle.set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn idle_closed(&self, reason: IdleCloseReason) {
+        let i = IdleCloseReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.closed[i].inc();
+    }
 }
 
 /// Why the proxy closed a client connection (`proxima_client_connections_closed_total`).
@@ -316,13 +368,34 @@ impl Metrics {
             "Client connections the proxy closed, by reason (shed, header_timeout, idle, stalled).",
             &["reason"],
         )?;
+        let idle = IntGauge::new(
+            "proxima_upstream_idle_connections",
+            "Idle keep-alive connections to pods kept for reuse now.",
+        )?;
+        registry.register(Box::new(idle.clone()))?;
+        let idle_closed = counter_vec(
+            registry,
+            "proxima_upstream_idle_closed_total",
+            "Idle keep-alive connections to pods the pool closed, by reason (endpoint_limit, total_limit, expired).",
+            &["reason"],
+        )?;
+        let pool = PoolMetrics {
+            idle,
+            closed: IdleCloseReason::ALL.map(|r| idle_closed.with_label_values(&[r.as_str()])),
+        };
         Ok(Self {
             vecs: Arc::new(vecs),
             services: ArcSwap::from_pointee(HashMap::new()),
             writer: Mutex::new(()),
             client_connections,
             connections_closed,
+            pool,
         })
+    }
+
+    /// The connection pool's handles.
+    pub(crate) fn pool(&self) -> PoolMetrics {
+        self.pool.clone()
     }
 
     /// The gauge of open client connections.

@@ -284,6 +284,27 @@ pub struct ProxyArgs {
     )]
     pub upstream_idle_timeout: Duration,
 
+    /// Most idle keep-alive connections kept to one pod (as nginx's `keepalive N`);
+    /// beyond it the pod's oldest idle connection is closed. 0 turns keep-alive to pods
+    /// off.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_MAX_IDLE_PER_ENDPOINT",
+        default_value = "32",
+        value_name = "COUNT"
+    )]
+    pub upstream_max_idle_per_endpoint: usize,
+
+    /// Most idle keep-alive connections kept to all pods together; beyond it the oldest
+    /// idle connection is closed. 0 turns keep-alive to pods off.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_MAX_IDLE",
+        default_value = "1024",
+        value_name = "COUNT"
+    )]
+    pub upstream_max_idle: usize,
+
     /// Local address to connect to pods from (as HAProxy's `source`): pods, and
     /// anything between, see it as the peer. Background probes and peer latency probes
     /// leave from it too. Default: the kernel chooses.
@@ -655,6 +676,8 @@ impl ProxyArgs {
             max_header_bytes: self.max_header_bytes,
             shutdown_grace: self.shutdown_grace,
             pool_idle_timeout: self.upstream_idle_timeout,
+            max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
+            max_idle_total: self.upstream_max_idle,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
