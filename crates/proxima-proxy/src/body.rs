@@ -13,8 +13,9 @@
 //! answering, `forward::attempt` waits a moment for the first frame so that a body that
 //! is broken from its first byte becomes a `502` rather than a cut-off answer.
 //!
-//! Every response also holds the client connection's [`InFlight`] mark until it has been
-//! sent or dropped (see `conn.rs`).
+//! Every response also holds the client connection's [`InFlight`] mark, and its place
+//! under the proxy's concurrency limit (see `server.rs`), until it has been sent or
+//! dropped (see `conn.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use proxima_core::Picked;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::InFlight;
 use crate::metrics::{EndpointMetrics, ErrorKind};
@@ -66,6 +68,8 @@ pub struct ResponseBody {
     kind: Kind,
     /// The request's mark on its client connection, released with the body.
     in_flight: Option<InFlight>,
+    /// The request's place under the proxy's concurrency limit, released with the body.
+    admission: Option<OwnedSemaphorePermit>,
 }
 
 // A response body is built once and stays put while it streams; boxing the larger
@@ -85,6 +89,7 @@ impl ResponseBody {
         Self {
             kind: Kind::Full((!data.is_empty()).then_some(data)),
             in_flight: None,
+            admission: None,
         }
     }
 
@@ -95,6 +100,7 @@ impl ResponseBody {
                 finish: Some(finish),
             },
             in_flight: None,
+            admission: None,
         }
     }
 
@@ -106,6 +112,13 @@ impl ResponseBody {
             _ => in_flight,
         };
         self.in_flight = Some(in_flight);
+        self
+    }
+
+    /// Hold the request's place under the concurrency limit until the body is done, so
+    /// that a response still streaming counts as in flight.
+    pub(crate) fn admitted(mut self, permit: OwnedSemaphorePermit) -> Self {
+        self.admission = Some(permit);
         self
     }
 }

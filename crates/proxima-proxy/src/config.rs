@@ -52,6 +52,10 @@ pub struct ProxyConfig {
     /// closed at once (shed), so that file descriptors stay for pods, discovery and the
     /// admin server. Default 4096.
     pub max_client_connections: usize,
+    /// Most requests in flight at once (from their headers until their response body is
+    /// sent); beyond it requests are shed at once with `503`, a JSON body and
+    /// `retry-after`, instead of queueing. Default 4096.
+    pub max_concurrent_requests: usize,
     /// Most header lines in a client request; more get `431` with a JSON body. Default 200.
     pub max_request_headers: usize,
     /// Most header lines in a pod's response; more are an upstream protocol error
@@ -78,6 +82,7 @@ impl Default for ProxyConfig {
             client_idle_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
             max_client_connections: 4096,
+            max_concurrent_requests: 4096,
             max_request_headers: 200,
             max_response_headers: 500,
             max_uri_bytes: 8 * 1024,

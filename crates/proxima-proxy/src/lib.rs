@@ -41,6 +41,7 @@ pub mod target;
 use std::sync::Arc;
 
 use proxima_core::Router;
+use tokio::sync::Semaphore;
 
 /// The `prometheus` crate the [`Metrics`] are registered with.
 pub use prometheus;
@@ -68,6 +69,8 @@ pub struct Proxy {
     stall: Arc<StallMeter>,
     /// Recent requests that traffic-shaped probes imitate (`qos-pool-probe: traffic`).
     probe_shapes: prober::TrafficShapes,
+    /// Places for requests in flight (`max_concurrent_requests`); see `server.rs`.
+    admission: Arc<Semaphore>,
 }
 
 impl Proxy {
@@ -84,6 +87,11 @@ impl Proxy {
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);
+        let admission = Arc::new(Semaphore::new(
+            config
+                .max_concurrent_requests
+                .clamp(1, Semaphore::MAX_PERMITS),
+        ));
         Arc::new(Self {
             router,
             metrics,
@@ -91,6 +99,7 @@ impl Proxy {
             pool,
             stall,
             probe_shapes: prober::TrafficShapes::default(),
+            admission,
         })
     }
 

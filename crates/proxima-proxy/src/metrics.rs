@@ -15,6 +15,7 @@
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
 //! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
+//! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
@@ -108,6 +109,7 @@ pub struct Metrics {
     client_connections: IntGauge,
     connections_closed: IntCounterVec,
     pool: PoolMetrics,
+    shed: IntCounter,
 }
 
 /// Why the connection pool closed an idle connection
@@ -368,6 +370,16 @@ impl Metrics {
             "Client connections the proxy closed, by reason (shed, header_timeout, idle, stalled).",
             &["reason"],
         )?;
+        // Every reason from the start (at 0), so that rates and dashboards see the
+        // series before the first close.
+        for reason in [
+            CloseReason::Shed,
+            CloseReason::HeaderTimeout,
+            CloseReason::Idle,
+            CloseReason::Stalled,
+        ] {
+            connections_closed.with_label_values(&[reason.as_str()]);
+        }
         let idle = IntGauge::new(
             "proxima_upstream_idle_connections",
             "Idle keep-alive connections to pods kept for reuse now.",
@@ -383,6 +395,11 @@ impl Metrics {
             idle,
             closed: IdleCloseReason::ALL.map(|r| idle_closed.with_label_values(&[r.as_str()])),
         };
+        let shed = IntCounter::new(
+            "proxima_requests_shed_total",
+            "Requests answered 503 at once because the most requests allowed in flight were.",
+        )?;
+        registry.register(Box::new(shed.clone()))?;
         Ok(Self {
             vecs: Arc::new(vecs),
             services: ArcSwap::from_pointee(HashMap::new()),
@@ -390,7 +407,14 @@ impl Metrics {
             client_connections,
             connections_closed,
             pool,
+            shed,
         })
+    }
+
+    /// Count a request shed for overload (see `server.rs`).
+    pub(crate) fn shed(&self) {
+        self.shed.inc();
+        self.unrouted(http::StatusCode::SERVICE_UNAVAILABLE);
     }
 
     /// The connection pool's handles.

@@ -383,6 +383,18 @@ pub struct LimitArgs {
     )]
     pub max_client_connections: ConnectionBudget,
 
+    /// Most requests in flight at once, on all connections (HTTP/2 streams included),
+    /// from their headers until their response body is sent; beyond it requests get 503
+    /// at once, with a JSON body and `retry-after: 1`, instead of queueing.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_CONCURRENT_REQUESTS",
+        default_value = "4096",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_concurrent_requests: u32,
+
     /// Most header lines in a client request; more get 431 with a JSON body.
     #[arg(
         long,
@@ -683,6 +695,7 @@ impl ProxyArgs {
             client_idle_timeout: self.limits.client_idle_timeout,
             body_idle_timeout: self.limits.body_idle_timeout,
             max_client_connections: self.limits.max_client_connections.resolve(),
+            max_concurrent_requests: self.limits.max_concurrent_requests as usize,
             max_request_headers: self.limits.max_request_headers,
             max_response_headers: self.limits.max_response_headers,
             max_uri_bytes: self.limits.max_uri_bytes,
