@@ -9,7 +9,6 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus::{Encoder, TextEncoder};
 
-use crate::gauges::TableGauges;
 use crate::{AdminState, NodeEndpoints};
 
 type Reply = Response<Full<Bytes>>;
@@ -63,7 +62,6 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
 
 pub(crate) async fn respond(
     state: &AdminState,
-    gauges: &TableGauges,
     node: Option<&dyn NodeEndpoints>,
     req: Request<Incoming>,
 ) -> Reply {
@@ -98,13 +96,12 @@ pub(crate) async fn respond(
                 ),
             }
         }
-        _ => handle(state, gauges, node, &req),
+        _ => handle(state, node, &req),
     }
 }
 
 pub(crate) fn handle<B>(
     state: &AdminState,
-    gauges: &TableGauges,
     node: Option<&dyn NodeEndpoints>,
     req: &Request<B>,
 ) -> Reply {
@@ -115,7 +112,7 @@ pub(crate) fn handle<B>(
         return r;
     }
     match req.uri().path() {
-        "/metrics" => metrics(state, gauges),
+        "/metrics" => metrics(state),
         "/healthz" => text(StatusCode::OK, "ok"),
         "/readyz" if state.readiness.is_synced() => text(StatusCode::OK, "ok"),
         "/readyz" => text(
@@ -135,8 +132,7 @@ pub(crate) fn handle<B>(
     }
 }
 
-fn metrics(state: &AdminState, gauges: &TableGauges) -> Reply {
-    gauges.refresh(&state.router.table());
+fn metrics(state: &AdminState) -> Reply {
     let encoder = TextEncoder::new();
     let mut body = Vec::new();
     match encoder.encode(&state.registry.gather(), &mut body) {

@@ -191,10 +191,8 @@ pub async fn serve_with_access(
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     let access = Arc::new(access);
-    let gauges = Arc::new(
-        TableGauges::register(&state.registry)
-            .map_err(|e| io::Error::other(format!("cannot register the admin gauges: {e}")))?,
-    );
+    TableGauges::register(&state.registry, state.router.clone())
+        .map_err(|e| io::Error::other(format!("cannot register the admin gauges: {e}")))?;
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "admin server listening");
     }
@@ -214,10 +212,10 @@ pub async fn serve_with_access(
             },
         };
         let service = {
-            let (state, gauges, node) = (state.clone(), gauges.clone(), node.clone());
+            let (state, node) = (state.clone(), node.clone());
             let access = access.clone();
             service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let (state, gauges, node) = (state.clone(), gauges.clone(), node.clone());
+                let (state, node) = (state.clone(), node.clone());
                 let allowed = access.allows(
                     peer.ip(),
                     req.headers()
@@ -228,7 +226,7 @@ pub async fn serve_with_access(
                     let response = if !allowed && handlers::is_private(req.uri().path()) {
                         handlers::forbidden()
                     } else {
-                        handlers::respond(&state, &gauges, node.as_deref(), req).await
+                        handlers::respond(&state, node.as_deref(), req).await
                     };
                     Ok::<_, std::convert::Infallible>(response)
                 }

@@ -203,12 +203,18 @@ async fn metrics_show_the_registry_and_the_table() {
     assert!(body.contains("# HELP proxima_pool_size "), "{body}");
     let expect = [
         r#"proxima_pool_size{service="dps.default"} 1"#,
-        r#"proxima_endpoints{service="dps.default",state="eligible"} 2"#,
-        r#"proxima_endpoints{service="dps.default",state="in_pool"} 1"#,
         r#"proxima_endpoints{service="dps.default",state="evicted"} 1"#,
         r#"proxima_endpoints{service="dps.default",state="not_ready"} 1"#,
         r#"proxima_pool_size{service="web.default"} 1"#,
         r#"proxima_endpoints{service="web.default",state="not_ready"} 0"#,
+        // Per pod: in the pool or not, in flight, and the estimate (NaN before a sample).
+        r#"proxima_endpoint_in_pool{endpoint="fast",service="dps.default"} 1"#,
+        r#"proxima_endpoint_in_pool{endpoint="slow",service="dps.default"} 0"#,
+        r#"proxima_endpoint_in_pool{endpoint="down",service="dps.default"} 0"#,
+        r#"proxima_endpoint_in_flight{endpoint="slow",service="dps.default"} 0"#,
+        r#"proxima_endpoint_estimate_seconds{endpoint="slow",service="dps.default"} 0.2"#,
+        r#"proxima_endpoint_estimate_seconds{endpoint="fast",service="dps.default"} NaN"#,
+        r#"proxima_endpoint_in_pool{endpoint="web-1",service="web.default"} 1"#,
     ];
     for line in expect {
         assert!(
@@ -221,6 +227,7 @@ async fn metrics_show_the_registry_and_the_table() {
     router.apply([topology(false)], Instant::now());
     let (_, body) = admin.get("/metrics").await;
     assert!(!body.contains("web.default"), "{body}");
+    assert!(!body.contains("web-1"), "{body}");
     assert!(
         body.lines()
             .any(|l| l == r#"proxima_endpoints{service="dps.default",state="evicted"} 1"#),

@@ -170,6 +170,8 @@ struct Shared {
     hits: AtomicU64,
     /// Of `hits`, the proxy's background probes (marked `x-proxima-probe`).
     probe_hits: AtomicU64,
+    /// Connections accepted so far.
+    connections: AtomicU64,
     aborted: AtomicBool,
     /// The status every request gets at once while failing; 0 when not failing.
     failing: AtomicU16,
@@ -247,6 +249,7 @@ impl Backend {
             cpu: config.cpu,
             hits: AtomicU64::new(0),
             probe_hits: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             failing: AtomicU16::new(0),
         });
@@ -332,6 +335,11 @@ impl Backend {
         self.hits() - self.shared.probe_hits.load(Ordering::Relaxed)
     }
 
+    /// Number of connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to 5 s), closes
     /// idle keep-alive connections, and returns once the port is released.
     pub async fn shutdown(mut self) {
@@ -385,6 +393,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                     if shared.is_aborted() {
                         continue;
                     }
+                    shared.connections.fetch_add(1, Ordering::Relaxed);
                     connections.spawn(serve_connection(stream, shared.clone(), stop.clone()));
                 }
                 Err(error) => {

@@ -1,18 +1,21 @@
-//! Request and response bodies, streamed frame by frame (never buffered whole).
+//! Response bodies, streamed frame by frame (never buffered whole); the request's is in
+//! `request_body`.
 //!
 //! [`ResponseBody`] wraps a pod's response body and holds the attempt's
 //! [`Picked`](proxima_core::Picked) until the body has been streamed to the end: the
 //! endpoint's in-flight count, which power-of-two-choices reads, must cover the whole
-//! transfer and not only the wait for headers. When the body completes, the upstream
-//! connection goes back to the keep-alive pool; when it breaks off (client gone, pod
-//! reset) the connection is dropped, which closes it.
+//! transfer and not only the wait for headers. When the body ends, the upstream
+//! connection's [`Lease`] is released, telling the pool whether the exchange completed
+//! (the pool keeps it for reuse, within its bounds) or broke off (client gone, pod
+//! reset: the pool closes it).
 //!
 //! A pod's body may begin with a frame the proxy already read ([`UpstreamBody`]): before
 //! answering, `forward::attempt` waits a moment for the first frame so that a body that
 //! is broken from its first byte becomes a `502` rather than a cut-off answer.
 //!
-//! Every response also holds the client connection's [`InFlight`] mark until it has been
-//! sent or dropped (see `conn.rs`).
+//! Every response also holds the client connection's [`InFlight`] mark, and its place
+//! under the proxy's concurrency limit (see `server.rs`), until it has been sent or
+//! dropped (see `conn.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,65 +25,26 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use proxima_core::Picked;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::InFlight;
 use crate::metrics::{EndpointMetrics, ErrorKind};
-use crate::pool::{ConnPool, Sender};
-
-/// Body of a request on its way to a pod: the client's body, or nothing (requests
-/// without a body, and replays of them).
-#[derive(Debug)]
-pub(crate) enum RequestBody {
-    Client(Incoming),
-    Empty,
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            RequestBody::Client(body) => Pin::new(body).poll_frame(cx),
-            RequestBody::Empty => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Client(body) => body.is_end_stream(),
-            RequestBody::Empty => true,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Client(body) => body.size_hint(),
-            RequestBody::Empty => SizeHint::with_exact(0),
-        }
-    }
-}
+use crate::pool::Lease;
 
 /// What to do once a pod's response body has been streamed.
 #[derive(Debug)]
 pub(crate) struct Finish {
     /// Keeps the endpoint's in-flight count until the body is done.
     pub(crate) picked: Picked,
-    pub(crate) pool: Arc<ConnPool>,
-    pub(crate) sender: Sender,
+    /// The connection the response came on; the pool decides whether it is kept.
+    pub(crate) connection: Lease,
     pub(crate) metrics: Arc<EndpointMetrics>,
 }
 
 impl Finish {
     fn complete(self, clean: bool) {
-        if clean {
-            self.pool.put(self.picked.addr, self.sender);
-        }
-        // Dropping `picked` ends the in-flight count; dropping an unpooled sender
-        // closes its connection.
+        self.connection.release(clean);
+        // Dropping `picked` ends the in-flight count.
     }
 }
 
@@ -104,6 +68,8 @@ pub struct ResponseBody {
     kind: Kind,
     /// The request's mark on its client connection, released with the body.
     in_flight: Option<InFlight>,
+    /// The request's place under the proxy's concurrency limit, released with the body.
+    admission: Option<OwnedSemaphorePermit>,
 }
 
 // A response body is built once and stays put while it streams; boxing the larger
@@ -123,6 +89,7 @@ impl ResponseBody {
         Self {
             kind: Kind::Full((!data.is_empty()).then_some(data)),
             in_flight: None,
+            admission: None,
         }
     }
 
@@ -133,6 +100,7 @@ impl ResponseBody {
                 finish: Some(finish),
             },
             in_flight: None,
+            admission: None,
         }
     }
 
@@ -144,6 +112,13 @@ impl ResponseBody {
             _ => in_flight,
         };
         self.in_flight = Some(in_flight);
+        self
+    }
+
+    /// Hold the request's place under the concurrency limit until the body is done, so
+    /// that a response still streaming counts as in flight.
+    pub(crate) fn admitted(mut self, permit: OwnedSemaphorePermit) -> Self {
+        self.admission = Some(permit);
         self
     }
 }

@@ -23,6 +23,12 @@ pub struct ProxyConfig {
     pub shutdown_grace: Duration,
     /// How long an idle upstream keep-alive connection is kept. Default 60 s.
     pub pool_idle_timeout: Duration,
+    /// Most idle keep-alive connections kept to one pod; beyond it the pod's oldest idle
+    /// one is closed. `0` turns keep-alive to pods off. Default 32.
+    pub max_idle_per_endpoint: usize,
+    /// Most idle keep-alive connections kept in all; beyond it the oldest idle one (to
+    /// any pod) is closed. `0` turns keep-alive to pods off. Default 1024.
+    pub max_idle_total: usize,
     /// Local address bound before connecting to upstreams (client traffic and background
     /// probes alike), as HAProxy's `source`: on a host with several addresses it decides
     /// which one pods see as the peer. The port is chosen by the kernel. An upstream of the
@@ -46,6 +52,10 @@ pub struct ProxyConfig {
     /// closed at once (shed), so that file descriptors stay for pods, discovery and the
     /// admin server. Default 4096.
     pub max_client_connections: usize,
+    /// Most requests in flight at once (from their headers until their response body is
+    /// sent); beyond it requests are shed at once with `503`, a JSON body and
+    /// `retry-after`, instead of queueing. Default 4096.
+    pub max_concurrent_requests: usize,
     /// Most header lines in a client request; more get `431` with a JSON body. Default 200.
     pub max_request_headers: usize,
     /// Most header lines in a pod's response; more are an upstream protocol error
@@ -65,11 +75,14 @@ impl Default for ProxyConfig {
             max_header_bytes: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
+            max_idle_per_endpoint: 32,
+            max_idle_total: 1024,
             upstream_bind: None,
             client_header_timeout: Duration::from_secs(30),
             client_idle_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
             max_client_connections: 4096,
+            max_concurrent_requests: 4096,
             max_request_headers: 200,
             max_response_headers: 500,
             max_uri_bytes: 8 * 1024,

@@ -52,11 +52,12 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
-use crate::body::{Finish, RequestBody, ResponseBody, UpstreamBody};
+use crate::body::{Finish, ResponseBody, UpstreamBody};
 use crate::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
 use crate::pool::{ConnPool, ConnectError, Sender};
 use crate::reply;
+use crate::request_body::RequestBody;
 use crate::target::{split_port, TargetError, TargetSource};
 use crate::Proxy;
 
@@ -656,9 +657,8 @@ impl Proxy {
                     strip_hop_by_hop(&mut parts.headers);
                     parts.version = client_version;
                     let finish = Finish {
+                        connection: self.pool.lease(picked.addr, sender),
                         picked,
-                        pool: self.pool.clone(),
-                        sender,
                         metrics: endpoint,
                     };
                     return Response::from_parts(parts, ResponseBody::upstream(body, finish));

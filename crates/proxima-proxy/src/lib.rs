@@ -11,10 +11,11 @@
 //! * `server`: listening, HTTP/1.1 + h2c, graceful shutdown ([`serve`]).
 //! * [`target`]: which service a request names.
 //! * `forward`: the request path: pick, connect, send, retry, measure.
-//! * `pool`: upstream connections and their keep-alive pool; [`connect_from`]: the
-//!   one way out of a bind address, shared with the peer prober of `proxima_nodes`.
+//! * `pool`: upstream connections and their bounded keep-alive pool; [`connect_from`]:
+//!   the one way out of a bind address, shared with the peer prober of `proxima_nodes`.
 //! * `conn`: client connection timeouts (silent, idle and stalled connections).
-//! * `headers`, `body`, `reply`: header rewriting, streaming bodies, error answers.
+//! * `headers`, `request_body`, `body`, `reply`: header rewriting, streaming bodies,
+//!   error answers.
 //! * [`Metrics`]: Prometheus metrics; `spans`: the `request` span every log line about
 //!   a request carries.
 //! * `prober`: background probes ([`run_prober`]).
@@ -31,6 +32,7 @@ mod metrics;
 mod pool;
 mod prober;
 mod reply;
+mod request_body;
 mod server;
 mod spans;
 mod stall;
@@ -39,6 +41,7 @@ pub mod target;
 use std::sync::Arc;
 
 use proxima_core::Router;
+use tokio::sync::Semaphore;
 
 /// The `prometheus` crate the [`Metrics`] are registered with.
 pub use prometheus;
@@ -46,12 +49,12 @@ pub use prometheus;
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
 pub use connect::connect_from;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
 
-use pool::ConnPool;
+use pool::{ConnPool, PoolBounds};
 use stall::StallMeter;
 
 /// The data plane: routing table, metrics, settings and upstream connections, shared by
@@ -66,17 +69,29 @@ pub struct Proxy {
     stall: Arc<StallMeter>,
     /// Recent requests that traffic-shaped probes imitate (`qos-pool-probe: traffic`).
     probe_shapes: prober::TrafficShapes,
+    /// Places for requests in flight (`max_concurrent_requests`); see `server.rs`.
+    admission: Arc<Semaphore>,
 }
 
 impl Proxy {
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, config: ProxyConfig) -> Arc<Self> {
         let pool = Arc::new(ConnPool::new(
             config.pool_idle_timeout,
+            PoolBounds {
+                per_endpoint: config.max_idle_per_endpoint,
+                total: config.max_idle_total,
+            },
             config.upstream_bind,
             config.max_response_headers,
+            metrics.pool(),
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);
+        let admission = Arc::new(Semaphore::new(
+            config
+                .max_concurrent_requests
+                .clamp(1, Semaphore::MAX_PERMITS),
+        ));
         Arc::new(Self {
             router,
             metrics,
@@ -84,6 +99,7 @@ impl Proxy {
             pool,
             stall,
             probe_shapes: prober::TrafficShapes::default(),
+            admission,
         })
     }
 
@@ -102,5 +118,15 @@ impl Proxy {
     /// Idle upstream keep-alive connections currently pooled.
     pub fn idle_connections(&self) -> usize {
         self.pool.idle_count()
+    }
+
+    /// The most idle upstream keep-alive connections currently pooled to one pod.
+    pub fn max_idle_connections_per_endpoint(&self) -> usize {
+        self.pool.max_idle_per_endpoint()
+    }
+
+    /// Idle upstream keep-alive connections currently pooled to `addr`.
+    pub fn idle_connections_to(&self, addr: std::net::SocketAddr) -> usize {
+        self.pool.idle_to(addr)
     }
 }

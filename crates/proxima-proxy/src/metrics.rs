@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `proxima_requests_total` | service, endpoint, code | requests answered; `code` is the status the client got, or `error` when the proxy answered 502/504 because the pod failed (then `endpoint` is the last one tried). Requests that named no known service have `service=""` and `endpoint=""` so that client input never becomes a label. |
 //! | `proxima_request_duration_seconds` | service | client-seen time to response headers |
-//! | `proxima_upstream_duration_seconds` | service, endpoint | time of the successful attempt, connect included, to response headers (the measurement of Algorithm 1) |
+//! | `proxima_upstream_duration_seconds` | service, endpoint | only with [`MetricsOptions::pod_histograms`] (`--metrics-pod-histograms`): time of the successful attempt, connect included, to response headers (the measurement of Algorithm 1) |
 //! | `proxima_slo_total` | service, result=`met`\|`missed` | requests whose client-seen time met the service's latency SLO (failures miss it) |
 //! | `proxima_pool_changes_total` | service, change=`evicted`\|`readmitted` | QoS-pool membership changes |
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
@@ -13,8 +13,20 @@
 //! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
+//! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
+//! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
+//! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
+//!
+//! Together with the routing-table gauges of the admin server (`proxima_endpoint_in_pool`,
+//! `proxima_endpoint_in_flight`, `proxima_endpoint_estimate_seconds`, computed at scrape
+//! time), these make the default metric set scale with the number of pods: latency
+//! histograms per service (13 buckets each), and per pod only counters and gauges (the
+//! `proxima_requests_total` codes it answered, its failed attempts in
+//! `proxima_upstream_errors_total`, created when the first one happens). A histogram per
+//! pod costs 16 series per pod, 16,000 at a thousand pods; it is there only with
+//! [`MetricsOptions::pod_histograms`].
 //!
 //! The hot path does not hash label values: label handles are cached per service and
 //! per endpoint in copy-on-write maps that are read without locks and extended (under a
@@ -31,10 +43,12 @@ use prometheus::{
 };
 use proxima_core::{EndpointId, PoolChange, Reason, ServiceKey, Table};
 
-/// Histogram buckets, 0.5 ms to 10 s.
+/// Histogram buckets, 1 ms to 10 s: Prometheus' default buckets (5 ms to 10 s) and 1 and
+/// 2.5 ms for the fastest services. Each bucket is a series per histogram (100 per
+/// hundred services), so there are no more than quantiles per service need; SLO
+/// attainment does not depend on them (`proxima_slo_total` counts it exactly).
 const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
-    10.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Status codes whose request counters are cached per endpoint; others are looked up.
@@ -76,6 +90,15 @@ impl ErrorKind {
     }
 }
 
+/// Which optional metric families are exported.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MetricsOptions {
+    /// Export `proxima_upstream_duration_seconds{service,endpoint}`, a latency histogram
+    /// per pod (16 series each). Off by default: at a thousand pods it multiplies the
+    /// size of `/metrics` several times.
+    pub pod_histograms: bool,
+}
+
 /// The data plane's Prometheus metrics (see the module docs).
 #[derive(Debug)]
 pub struct Metrics {
@@ -85,6 +108,57 @@ pub struct Metrics {
     writer: Mutex<()>,
     client_connections: IntGauge,
     connections_closed: IntCounterVec,
+    pool: PoolMetrics,
+    shed: IntCounter,
+}
+
+/// Why the connection pool closed an idle connection
+/// (`proxima_upstream_idle_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdleCloseReason {
+    /// Its pod already had `max_idle_per_endpoint` idle connections.
+    EndpointLimit,
+    /// The pool already held `max_idle_total`.
+    TotalLimit,
+    /// Idle for `pool_idle_timeout`.
+    Expired,
+}
+
+impl IdleCloseReason {
+    const ALL: [IdleCloseReason; 3] = [
+        IdleCloseReason::EndpointLimit,
+        IdleCloseReason::TotalLimit,
+        IdleCloseReason::Expired,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            IdleCloseReason::EndpointLimit => "endpoint_limit",
+            IdleCloseReason::TotalLimit => "total_limit",
+            IdleCloseReason::Expired => "expired",
+        }
+    }
+}
+
+/// The connection pool's metrics (handles shared with [`Metrics`]).
+#[derive(Clone, Debug)]
+pub(crate) struct PoolMetrics {
+    idle: IntGauge,
+    closed: [IntCounter; 3],
+}
+
+impl PoolMetrics {
+    pub(crate) fn set_idle(&self, count: usize) {
+        self.idle.set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn idle_closed(&self, reason: IdleCloseReason) {
+        let i = IdleCloseReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.closed[i].inc();
+    }
 }
 
 /// Why the proxy closed a client connection (`proxima_client_connections_closed_total`).
@@ -116,7 +190,8 @@ impl CloseReason {
 struct Vecs {
     requests: IntCounterVec,
     request_duration: HistogramVec,
-    upstream_duration: HistogramVec,
+    /// Only with [`MetricsOptions::pod_histograms`].
+    upstream_duration: Option<HistogramVec>,
     slo: IntCounterVec,
     pool_changes: IntCounterVec,
     upstream_errors: IntCounterVec,
@@ -169,7 +244,7 @@ pub(crate) struct EndpointMetrics {
     vecs: Arc<Vecs>,
     service: String,
     endpoint: String,
-    upstream_duration: Histogram,
+    upstream_duration: Option<Histogram>,
     codes: [LazyCounter; COMMON_CODES.len()],
     error_code: LazyCounter,
     errors: [LazyCounter; 4],
@@ -203,8 +278,26 @@ fn histogram_vec(
 }
 
 impl Metrics {
-    /// Create the metrics and register them on `registry`.
+    /// Create the default metrics and register them on `registry`.
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        Self::with_options(registry, MetricsOptions::default())
+    }
+
+    /// Create the metrics `options` choose and register them on `registry`.
+    pub fn with_options(
+        registry: &Registry,
+        options: MetricsOptions,
+    ) -> Result<Self, prometheus::Error> {
+        let upstream_duration = if options.pod_histograms {
+            Some(histogram_vec(
+                registry,
+                "proxima_upstream_duration_seconds",
+                "Time of the answering attempt to an endpoint, connect included, to response headers.",
+                &["service", "endpoint"],
+            )?)
+        } else {
+            None
+        };
         let vecs = Vecs {
             requests: counter_vec(
                 registry,
@@ -218,12 +311,7 @@ impl Metrics {
                 "Client-seen time to response headers.",
                 &["service"],
             )?,
-            upstream_duration: histogram_vec(
-                registry,
-                "proxima_upstream_duration_seconds",
-                "Time of the answering attempt to an endpoint, connect included, to response headers.",
-                &["service", "endpoint"],
-            )?,
+            upstream_duration,
             slo: counter_vec(
                 registry,
                 "proxima_slo_total",
@@ -282,13 +370,56 @@ impl Metrics {
             "Client connections the proxy closed, by reason (shed, header_timeout, idle, stalled).",
             &["reason"],
         )?;
+        // Every reason from the start (at 0), so that rates and dashboards see the
+        // series before the first close.
+        for reason in [
+            CloseReason::Shed,
+            CloseReason::HeaderTimeout,
+            CloseReason::Idle,
+            CloseReason::Stalled,
+        ] {
+            connections_closed.with_label_values(&[reason.as_str()]);
+        }
+        let idle = IntGauge::new(
+            "proxima_upstream_idle_connections",
+            "Idle keep-alive connections to pods kept for reuse now.",
+        )?;
+        registry.register(Box::new(idle.clone()))?;
+        let idle_closed = counter_vec(
+            registry,
+            "proxima_upstream_idle_closed_total",
+            "Idle keep-alive connections to pods the pool closed, by reason (endpoint_limit, total_limit, expired).",
+            &["reason"],
+        )?;
+        let pool = PoolMetrics {
+            idle,
+            closed: IdleCloseReason::ALL.map(|r| idle_closed.with_label_values(&[r.as_str()])),
+        };
+        let shed = IntCounter::new(
+            "proxima_requests_shed_total",
+            "Requests answered 503 at once because the most requests allowed in flight were.",
+        )?;
+        registry.register(Box::new(shed.clone()))?;
         Ok(Self {
             vecs: Arc::new(vecs),
             services: ArcSwap::from_pointee(HashMap::new()),
             writer: Mutex::new(()),
             client_connections,
             connections_closed,
+            pool,
+            shed,
         })
+    }
+
+    /// Count a request shed for overload (see `server.rs`).
+    pub(crate) fn shed(&self) {
+        self.shed.inc();
+        self.unrouted(http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    /// The connection pool's handles.
+    pub(crate) fn pool(&self) -> PoolMetrics {
+        self.pool.clone()
     }
 
     /// The gauge of open client connections.
@@ -408,7 +539,8 @@ impl ServiceMetrics {
             upstream_duration: self
                 .vecs
                 .upstream_duration
-                .with_label_values(&[&self.label, id]),
+                .as_ref()
+                .map(|vec| vec.with_label_values(&[&self.label, id])),
             service: self.label.clone(),
             endpoint: id.to_string(),
             codes: std::array::from_fn(|_| LazyCounter::new()),
@@ -523,7 +655,9 @@ impl ServiceMetrics {
 
 impl EndpointMetrics {
     pub(crate) fn upstream_duration(&self, d: Duration) {
-        self.upstream_duration.observe(d.as_secs_f64());
+        if let Some(histogram) = &self.upstream_duration {
+            histogram.observe(d.as_secs_f64());
+        }
     }
 
     /// Count a request answered with the pod's `status`.
@@ -573,7 +707,9 @@ impl EndpointMetrics {
 
     fn remove_series(&self) {
         let (s, e) = (self.service.as_str(), self.endpoint.as_str());
-        let _ = self.vecs.upstream_duration.remove_label_values(&[s, e]);
+        if let Some(vec) = &self.vecs.upstream_duration {
+            let _ = vec.remove_label_values(&[s, e]);
+        }
         let others = self
             .other_codes
             .lock()
@@ -613,7 +749,10 @@ mod tests {
     #[test]
     fn counts_through_cached_handles_and_forgets_removed_endpoints() {
         let registry = Registry::new();
-        let metrics = Metrics::new(&registry).unwrap();
+        let options = MetricsOptions {
+            pod_histograms: true,
+        };
+        let metrics = Metrics::with_options(&registry, options).unwrap();
         let key = ServiceKey::new("shop", "api");
         let s = metrics.service(&key);
         assert!(Arc::ptr_eq(&s, &metrics.service(&key)));
@@ -681,5 +820,33 @@ mod tests {
         metrics.forget_missing(&router.table());
         assert!(!text(&registry).contains("api.shop"));
         assert!(!Arc::ptr_eq(&s, &metrics.service(&key)));
+    }
+
+    #[test]
+    fn per_pod_histograms_only_when_asked_for() {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry).unwrap();
+        let s = metrics.service(&ServiceKey::new("shop", "api"));
+        let e = s.endpoint("pod-a");
+        e.upstream_duration(Duration::from_millis(3));
+        e.response(http::StatusCode::OK);
+        s.request_duration(Duration::from_millis(4));
+        let out = text(&registry);
+        assert!(!out.contains("proxima_upstream_duration_seconds"), "{out}");
+        // Per service: one histogram; per pod: only its counters.
+        let histogram_lines = out
+            .lines()
+            .filter(|l| l.starts_with("proxima_request_duration_seconds"))
+            .count();
+        assert_eq!(histogram_lines, BUCKETS.len() + 3, "{out}");
+        let pod_lines: Vec<_> = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("pod-a"))
+            .collect();
+        assert_eq!(
+            pod_lines,
+            [r#"proxima_requests_total{code="200",endpoint="pod-a",service="api.shop"} 1"#],
+            "{out}"
+        );
     }
 }

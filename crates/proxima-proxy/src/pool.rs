@@ -1,67 +1,151 @@
-//! Upstream HTTP/1.1 connections: connecting, and a keep-alive pool per endpoint.
+//! Upstream HTTP/1.1 connections: connecting, and a bounded keep-alive pool.
 //!
-//! The pool is deliberately small. Idle connections (`SendRequest`s whose previous
-//! response has been fully read) are kept per pod address, newest last, and reused
-//! newest first so that rarely used ones age out after `pool_idle_timeout`. Connecting
-//! is a separate step from sending, because the forwarding loop treats the two phases
-//! differently: a connect failure means nothing reached the pod, so the request may go
-//! to another pod whatever its method (see `forward.rs`).
+//! Idle connections (`SendRequest`s whose previous response has been fully read) are
+//! kept per pod address, oldest first, and reused newest first so that rarely used ones
+//! age out after `pool_idle_timeout`. Connecting is a separate step from sending,
+//! because the forwarding loop treats the two phases differently: a connect failure
+//! means nothing reached the pod, so the request may go to another pod whatever its
+//! method (see `forward.rs`).
+//!
+//! ## Bounds
+//!
+//! As nginx's `keepalive N`, the pool keeps at most `max_idle_per_endpoint` idle
+//! connections to one pod and `max_idle_total` in all. A connection coming back to a
+//! pod that already has its share pushes out that pod's oldest idle one; one coming back
+//! when the pool is full pushes out the oldest idle connection of any pod. Every idle
+//! connection is a socket, a task and its buffers, so without a bound a proxy in front
+//! of a thousand pods keeps a thousand or more of them for a minute after a burst.
+//! Closed idle connections are counted by reason in
+//! `proxima_upstream_idle_closed_total`; `proxima_upstream_idle_connections` is the
+//! number kept now.
+//!
+//! ## Returning connections
+//!
+//! A connection in use is a [`Lease`]: whoever finishes the exchange (the response
+//! body, a probe) releases it and says whether the exchange completed, and the pool
+//! alone decides whether to keep it. So the response path does not need to know the
+//! pool's rules, and the pool does not depend on the response path.
 //!
 //! With `upstream_bind` every upstream socket is bound to that local address before it
 //! connects (the kernel picks the port), so pods, and anything between, see the proxy's
 //! chosen address as the peer.
 //!
-//! Addresses are spread over a fixed number of shards, each a short mutex-protected
-//! list, so concurrent requests to different pods rarely meet on a lock and the
-//! critical section is a push or a pop.
+//! The idle lists sit behind one mutex: each operation is a hash lookup and a push or a
+//! pop (eviction by age is a lookup in an ordered map), and connections that are closed
+//! are dropped after the lock is released.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
-use crate::body::RequestBody;
 use crate::connect::connect_from;
+use crate::metrics::{IdleCloseReason, PoolMetrics};
+use crate::request_body::RequestBody;
 
 /// A connection to one pod, able to send the next request.
 pub(crate) type Sender = http1::SendRequest<RequestBody>;
 
-const SHARDS: usize = 16;
-/// Idle connections kept per pod; more are closed when they come back.
-const MAX_IDLE_PER_ENDPOINT: usize = 1024;
+/// How many idle connections the pool keeps (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolBounds {
+    pub(crate) per_endpoint: usize,
+    pub(crate) total: usize,
+}
 
 #[derive(Debug)]
 struct Idle {
     sender: Sender,
     since: Instant,
+    /// Position in [`Lists::by_age`].
+    seq: u64,
 }
 
-type Shard = Vec<(SocketAddr, Vec<Idle>)>;
+/// The idle connections: per address oldest first, and every one by age.
+#[derive(Debug, Default)]
+struct Lists {
+    by_addr: HashMap<SocketAddr, VecDeque<Idle>>,
+    /// Sequence number (increasing with the time of return) -> address.
+    by_age: BTreeMap<u64, SocketAddr>,
+    next_seq: u64,
+}
 
-/// Idle keep-alive connections per pod address (see the module docs).
+impl Lists {
+    fn len(&self) -> usize {
+        self.by_age.len()
+    }
+
+    /// Remove entry `i` of `addr`'s list.
+    fn remove(&mut self, addr: SocketAddr, i: usize) -> Option<Idle> {
+        let list = self.by_addr.get_mut(&addr)?;
+        let idle = list.remove(i)?;
+        if list.is_empty() {
+            self.by_addr.remove(&addr);
+        }
+        self.by_age.remove(&idle.seq);
+        Some(idle)
+    }
+
+    /// Remove the oldest idle connection of any address.
+    fn pop_oldest(&mut self) -> Option<Idle> {
+        let (_, addr) = self.by_age.pop_first()?;
+        let list = self.by_addr.get_mut(&addr)?;
+        // Per address the list is ordered by age, so the oldest overall is its front.
+        let idle = list.pop_front();
+        if list.is_empty() {
+            self.by_addr.remove(&addr);
+        }
+        idle
+    }
+}
+
+/// Idle keep-alive connections per pod address, bounded (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ConnPool {
-    shards: Vec<Mutex<Shard>>,
+    lists: Mutex<Lists>,
+    bounds: PoolBounds,
     idle_timeout: Duration,
     bind: Option<IpAddr>,
     max_response_headers: usize,
+    metrics: PoolMetrics,
+}
+
+/// A connection in use, to be [released](Lease::release) back to its pool.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pool: Arc<ConnPool>,
+    addr: SocketAddr,
+    sender: Sender,
+}
+
+impl Lease {
+    /// The exchange is over: keep the connection for reuse if it `completed` (the whole
+    /// response was read) and the pool has room; otherwise close it.
+    pub(crate) fn release(self, completed: bool) {
+        if completed {
+            self.pool.put(self.addr, self.sender);
+        }
+    }
 }
 
 impl ConnPool {
     pub(crate) fn new(
         idle_timeout: Duration,
+        bounds: PoolBounds,
         bind: Option<IpAddr>,
         max_response_headers: usize,
+        metrics: PoolMetrics,
     ) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
+            lists: Mutex::new(Lists::default()),
+            bounds,
             idle_timeout,
             bind,
             max_response_headers,
+            metrics,
         }
     }
 
@@ -74,75 +158,150 @@ impl ConnPool {
         connect(addr, timeout, self.bind, self.max_response_headers).await
     }
 
-    fn shard(&self, addr: SocketAddr) -> std::sync::MutexGuard<'_, Shard> {
-        let mut h = DefaultHasher::new();
-        addr.hash(&mut h);
-        let i = (h.finish() as usize) % SHARDS;
+    fn lists(&self) -> std::sync::MutexGuard<'_, Lists> {
         // The lists stay consistent whatever a panicking holder did; keep serving.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.lists.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lend `sender`, a connection to `addr`, until [`Lease::release`].
+    pub(crate) fn lease(self: &Arc<Self>, addr: SocketAddr, sender: Sender) -> Lease {
+        Lease {
+            pool: self.clone(),
+            addr,
+            sender,
+        }
     }
 
     /// The newest idle connection to `addr` that is ready for a request. Closed and
     /// expired ones are dropped on the way; ones still finishing their previous
     /// exchange are left for later.
     pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Sender> {
-        let mut shard = self.shard(addr);
-        let (_, idle) = shard.iter_mut().find(|(a, _)| *a == addr)?;
-        let mut i = idle.len();
-        while i > 0 {
-            i -= 1;
-            let entry = &idle[i];
-            if entry.sender.is_closed() || now.duration_since(entry.since) >= self.idle_timeout {
-                idle.swap_remove(i);
-            } else if entry.sender.is_ready() {
-                return Some(idle.swap_remove(i).sender);
+        let mut dropped = Vec::new();
+        let taken = {
+            let mut lists = self.lists();
+            let mut i = lists.by_addr.get(&addr).map_or(0, VecDeque::len);
+            let mut taken = None;
+            while i > 0 {
+                i -= 1;
+                let Some(entry) = lists.by_addr.get(&addr).and_then(|l| l.get(i)) else {
+                    break;
+                };
+                let expired = now.duration_since(entry.since) >= self.idle_timeout;
+                if entry.sender.is_closed() || expired {
+                    if expired {
+                        self.metrics.idle_closed(IdleCloseReason::Expired);
+                    }
+                    dropped.extend(lists.remove(addr, i));
+                } else if entry.sender.is_ready() {
+                    taken = lists.remove(addr, i).map(|idle| idle.sender);
+                    break;
+                }
             }
-        }
-        None
+            self.metrics.set_idle(lists.len());
+            taken
+        };
+        drop(dropped);
+        taken
     }
 
-    /// Keep a connection whose exchange has completed for the next request.
-    pub(crate) fn put(&self, addr: SocketAddr, sender: Sender) {
+    /// Keep a connection whose exchange has completed for the next request, pushing
+    /// out the oldest idle ones beyond the bounds.
+    fn put(&self, addr: SocketAddr, sender: Sender) {
         if sender.is_closed() {
             return;
         }
+        let PoolBounds {
+            per_endpoint,
+            total,
+        } = self.bounds;
+        if per_endpoint == 0 || total == 0 {
+            // Keep-alive to pods is off.
+            self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
+            return;
+        }
         let since = Instant::now();
-        let mut shard = self.shard(addr);
-        let idle = match shard.iter().position(|(a, _)| *a == addr) {
-            Some(i) => &mut shard[i].1,
-            None => {
-                shard.push((addr, Vec::new()));
-                let last = shard.len() - 1;
-                &mut shard[last].1
+        let mut evicted = Vec::new();
+        {
+            let mut lists = self.lists();
+            let seq = lists.next_seq;
+            lists.next_seq += 1;
+            let list = lists.by_addr.entry(addr).or_default();
+            list.push_back(Idle { sender, since, seq });
+            let over = list.len().saturating_sub(per_endpoint);
+            let oldest: Vec<Idle> = list.drain(..over).collect();
+            lists.by_age.insert(seq, addr);
+            for idle in oldest {
+                lists.by_age.remove(&idle.seq);
+                self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
+                evicted.push(idle);
             }
-        };
-        if idle.len() < MAX_IDLE_PER_ENDPOINT {
-            idle.push(Idle { sender, since });
+            while lists.len() > total {
+                match lists.pop_oldest() {
+                    Some(idle) => {
+                        self.metrics.idle_closed(IdleCloseReason::TotalLimit);
+                        evicted.push(idle);
+                    }
+                    None => break,
+                }
+            }
+            self.metrics.set_idle(lists.len());
         }
+        // Closing happens outside the lock.
+        drop(evicted);
     }
 
-    /// Close expired and closed connections and forget addresses with none left.
+    /// Close expired and closed connections.
     pub(crate) fn sweep(&self, now: Instant) {
-        for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for (_, idle) in shard.iter_mut() {
-                idle.retain(|e| {
-                    !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout
-                });
+        let mut dropped = Vec::new();
+        {
+            let mut lists = self.lists();
+            let lists = &mut *lists;
+            let mut gone = Vec::new();
+            for list in lists.by_addr.values_mut() {
+                let mut i = 0;
+                while i < list.len() {
+                    let entry = &list[i];
+                    let expired = now.duration_since(entry.since) >= self.idle_timeout;
+                    if entry.sender.is_closed() || expired {
+                        if expired {
+                            self.metrics.idle_closed(IdleCloseReason::Expired);
+                        }
+                        if let Some(idle) = list.remove(i) {
+                            gone.push(idle.seq);
+                            dropped.push(idle);
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
             }
-            shard.retain(|(_, idle)| !idle.is_empty());
+            for seq in gone {
+                lists.by_age.remove(&seq);
+            }
+            lists.by_addr.retain(|_, list| !list.is_empty());
+            self.metrics.set_idle(lists.len());
         }
+        drop(dropped);
     }
 
-    /// Idle connections currently kept (for tests and debugging).
+    /// Idle connections currently kept.
     pub(crate) fn idle_count(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = s.lock().unwrap_or_else(|e| e.into_inner());
-                s.iter().map(|(_, idle)| idle.len()).sum::<usize>()
-            })
-            .sum()
+        self.lists().len()
+    }
+
+    /// Idle connections currently kept to `addr`.
+    pub(crate) fn idle_to(&self, addr: SocketAddr) -> usize {
+        self.lists().by_addr.get(&addr).map_or(0, VecDeque::len)
+    }
+
+    /// The most idle connections currently kept to any one address.
+    pub(crate) fn max_idle_per_endpoint(&self) -> usize {
+        self.lists()
+            .by_addr
+            .values()
+            .map(VecDeque::len)
+            .max()
+            .unwrap_or(0)
     }
 }
 

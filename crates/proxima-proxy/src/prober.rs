@@ -33,8 +33,8 @@ use proxima_core::{Outcome, ProbeShape, ProbeTicket, ServiceKey, ServiceRoute, T
 use tokio::task::JoinSet;
 use tracing::debug;
 
-use crate::body::RequestBody;
 use crate::forward::{attempt, Attempt, HeadersAt};
+use crate::request_body::RequestBody;
 use crate::Proxy;
 
 /// How often due probes are collected.
@@ -209,9 +209,10 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
                 true
             })
             .await;
-            if drained == Ok(true) {
-                proxy.pool.put(ticket.addr, sender);
-            }
+            proxy
+                .pool
+                .lease(ticket.addr, sender)
+                .release(drained == Ok(true));
             Outcome::Answered { latency, status }
         }
         Attempt::NotSent(_, error) => {

@@ -7,6 +7,13 @@
 //! listener is closed at once, so new connections are refused, every open connection is
 //! asked to finish (HTTP/1.1 closes after the current response, HTTP/2 sends GOAWAY),
 //! and whatever still runs when `shutdown_grace` is over is cut off.
+//!
+//! Overload is met at two levels: connections beyond `max_client_connections` are
+//! closed as soon as they are accepted, and requests beyond `max_concurrent_requests` in
+//! flight (on any connection, HTTP/2 streams included) are answered `503` at once with a
+//! JSON body and `retry-after`, counted in `proxima_requests_shed_total` (see [`shed`]).
+//! Neither queues: a flood degrades into fast refusals instead of growing queues and
+//! latency for everyone.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -177,6 +184,35 @@ fn over_limits(
     proxy.metrics.unrouted(status);
     debug!(status = status.as_u16(), detail, "request refused");
     Some(reply::error(status, error, "", &detail))
+}
+
+/// Seconds a shed client is asked to wait (`retry-after`).
+const SHED_RETRY_AFTER: &str = "1";
+
+/// The answer to a request over `max_concurrent_requests`: `503` with a JSON body and
+/// `retry-after`, at once and without reading the request's body.
+///
+/// Admission is a semaphore's `try_acquire` per request, not tower's `ConcurrencyLimit`
+/// and `LoadShed`: the place must be held until the response body has been sent (a
+/// streaming response still uses a pod connection and buffers), while tower's limit ends
+/// when the response future resolves; and bridging a tower stack with
+/// `TowerToHyperService` clones the stack and boxes an acquire future per request, where
+/// this is one atomic operation.
+fn shed(proxy: &Proxy) -> http::Response<crate::ResponseBody> {
+    proxy.metrics.shed();
+    let limit = proxy.config.max_concurrent_requests;
+    debug!(limit, "request shed: too many requests in flight");
+    let mut response = reply::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "",
+        &format!("the proxy has its limit of {limit} requests in flight; retry shortly"),
+    );
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        HeaderValue::from_static(SHED_RETRY_AFTER),
+    );
+    response
 }
 
 /// Accept connections until `shutdown` resolves; then stop accepting and let in-flight
@@ -375,7 +411,12 @@ fn connection_service(
     let cache = RefCell::new(TargetCache::default());
     service_fn(move |req: Request<Incoming>| {
         let in_flight = activity.begin();
-        let work = match over_limits(&proxy, &req) {
+        let admission = proxy.admission.clone().try_acquire_owned().ok();
+        let refused = match admission {
+            None => Some(shed(&proxy)),
+            Some(_) => over_limits(&proxy, &req),
+        };
+        let work = match refused {
             Some(refused) => Err(refused),
             None => {
                 let target = match cache.try_borrow_mut() {
@@ -395,7 +436,13 @@ fn connection_service(
                 Err(refused) => refused,
                 Ok(forwarded) => forwarded.await,
             };
-            Ok::<_, Infallible>(response.map(|body| body.holding(in_flight)))
+            Ok::<_, Infallible>(response.map(|body| {
+                let body = body.holding(in_flight);
+                match admission {
+                    Some(permit) => body.admitted(permit),
+                    None => body,
+                }
+            }))
         }
     })
 }

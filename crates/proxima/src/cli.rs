@@ -284,11 +284,42 @@ pub struct ProxyArgs {
     )]
     pub upstream_idle_timeout: Duration,
 
+    /// Most idle keep-alive connections kept to one pod (as nginx's `keepalive N`);
+    /// beyond it the pod's oldest idle connection is closed. 0 turns keep-alive to pods
+    /// off.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_MAX_IDLE_PER_ENDPOINT",
+        default_value = "32",
+        value_name = "COUNT"
+    )]
+    pub upstream_max_idle_per_endpoint: usize,
+
+    /// Most idle keep-alive connections kept to all pods together; beyond it the oldest
+    /// idle connection is closed. 0 turns keep-alive to pods off.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_MAX_IDLE",
+        default_value = "1024",
+        value_name = "COUNT"
+    )]
+    pub upstream_max_idle: usize,
+
     /// Local address to connect to pods from (as HAProxy's `source`): pods, and
     /// anything between, see it as the peer. Background probes and peer latency probes
     /// leave from it too. Default: the kernel chooses.
     #[arg(long, env = "PROXIMA_UPSTREAM_BIND", value_name = "IP")]
     pub upstream_bind: Option<IpAddr>,
+
+    /// Also export a latency histogram per pod (proxima_upstream_duration_seconds with
+    /// service and endpoint labels, 16 series per pod). Off by default: per-service
+    /// histograms and per-pod counters and gauges keep /metrics small at 1000 pods.
+    #[arg(
+        long,
+        env = "PROXIMA_METRICS_POD_HISTOGRAMS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub metrics_pod_histograms: bool,
 
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -351,6 +382,18 @@ pub struct LimitArgs {
         value_parser = parse_connection_budget
     )]
     pub max_client_connections: ConnectionBudget,
+
+    /// Most requests in flight at once, on all connections (HTTP/2 streams included),
+    /// from their headers until their response body is sent; beyond it requests get 503
+    /// at once, with a JSON body and `retry-after: 1`, instead of queueing.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_CONCURRENT_REQUESTS",
+        default_value = "4096",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_concurrent_requests: u32,
 
     /// Most header lines in a client request; more get 431 with a JSON body.
     #[arg(
@@ -629,6 +672,13 @@ pub struct NodesArgs {
 }
 
 impl ProxyArgs {
+    /// Which optional metrics the proxy exports.
+    pub fn metrics_options(&self) -> proxima_proxy::MetricsOptions {
+        proxima_proxy::MetricsOptions {
+            pod_histograms: self.metrics_pod_histograms,
+        }
+    }
+
     /// The data plane's settings from these flags (the connection budget resolved).
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
@@ -638,11 +688,14 @@ impl ProxyArgs {
             max_header_bytes: self.max_header_bytes,
             shutdown_grace: self.shutdown_grace,
             pool_idle_timeout: self.upstream_idle_timeout,
+            max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
+            max_idle_total: self.upstream_max_idle,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
             body_idle_timeout: self.limits.body_idle_timeout,
             max_client_connections: self.limits.max_client_connections.resolve(),
+            max_concurrent_requests: self.limits.max_concurrent_requests as usize,
             max_request_headers: self.limits.max_request_headers,
             max_response_headers: self.limits.max_response_headers,
             max_uri_bytes: self.limits.max_uri_bytes,

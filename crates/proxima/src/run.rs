@@ -155,7 +155,10 @@ pub async fn serve(
     };
 
     let registry = prometheus::Registry::new();
-    let metrics = Arc::new(Metrics::new(&registry).context("cannot register the proxy metrics")?);
+    let metrics = Arc::new(
+        Metrics::with_options(&registry, args.metrics_options())
+            .context("cannot register the proxy metrics")?,
+    );
     let readiness = Readiness::new();
     let nodes = NodeMeasurements::new(&args.nodes, &router, &registry)?;
     let admin = Arc::new(AdminState {

@@ -1,0 +1,173 @@
+//! The upstream keep-alive pool stays within its bounds: at most
+//! `max_idle_per_endpoint` idle connections to one pod and `max_idle_total` in all, the
+//! oldest going first. Real sockets: emulated pods that answer after a delay, so that
+//! concurrent requests open many connections at once, and a real HTTP client.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::future::join_all;
+use http::StatusCode;
+use proxima_proxy::ProxyConfig;
+
+const PER_ENDPOINT: usize = 3;
+const TOTAL: usize = 10;
+const PODS: usize = 8;
+/// Concurrent requests per pod in the burst: each needs its own connection.
+const CONCURRENT_PER_POD: usize = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_stay_within_their_bounds_per_pod_and_in_total() {
+    let mut pods = Vec::new();
+    for i in 0..PODS {
+        pods.push(
+            backend_with(BackendConfig::new(format!("pod-{i}")).delay(Duration::from_millis(300)))
+                .await,
+        );
+    }
+    let other = backend("other-0").await;
+    let config = ProxyConfig {
+        max_idle_per_endpoint: PER_ENDPOINT,
+        max_idle_total: TOTAL,
+        ..ProxyConfig::default()
+    };
+    let endpoints = pods
+        .iter()
+        .enumerate()
+        .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
+        .collect();
+    let proxy = TestProxy::start_with(
+        config,
+        vec![
+            (
+                service(
+                    "shop",
+                    "api",
+                    &[],
+                    &[("strategy", "round-robin"), ("latency-slo", "5s")],
+                ),
+                endpoints,
+            ),
+            (
+                service("shop", "other", &[], &[]),
+                vec![endpoint("other-0", other.addr())],
+            ),
+            (
+                service("shop", "solo", &[], &[("latency-slo", "5s")]),
+                vec![endpoint("solo-0", pods[0].addr())],
+            ),
+        ],
+    )
+    .await;
+    let client = http1_client();
+    let url = proxy.url("/");
+
+    // One pod gets more requests at once than it may keep idle connections: once they
+    // are answered it keeps exactly its bound, the oldest going.
+    let replies = join_all(
+        (0..CONCURRENT_PER_POD).map(|_| get(&client, &url, &[("x-service", "solo.shop")])),
+    )
+    .await;
+    assert!(replies.iter().all(|r| r.status == StatusCode::OK));
+    eventually(
+        "the pod's connections come back",
+        Duration::from_secs(5),
+        || proxy.proxy.idle_connections_to(pods[0].addr()) == PER_ENDPOINT,
+    )
+    .await;
+    assert!(
+        proxy.metric(r#"proxima_upstream_idle_closed_total{reason="endpoint_limit"}"#)
+            >= (CONCURRENT_PER_POD - PER_ENDPOINT) as f64,
+        "{}",
+        proxy.metrics_text()
+    );
+
+    // A burst: every pod gets several requests at once, each on its own connection.
+    let replies = join_all(
+        (0..PODS * CONCURRENT_PER_POD).map(|_| get(&client, &url, &[("x-service", "api.shop")])),
+    )
+    .await;
+    let mut answered = std::collections::BTreeMap::<String, usize>::new();
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::OK);
+        *answered.entry(reply.backend().to_string()).or_default() += 1;
+    }
+    assert_eq!(answered.len(), PODS, "{answered:?}");
+    // More connections were opened than the pool may keep.
+    let opened: u64 = pods.iter().map(|p| p.connections()).sum();
+    assert!(
+        opened > TOTAL as u64,
+        "only {opened} connections were opened"
+    );
+
+    // Every connection has come back (or been closed) once the responses are read.
+    eventually("idle connections settle", Duration::from_secs(5), || {
+        proxy.metric("proxima_upstream_idle_connections") as usize == proxy.proxy.idle_connections()
+    })
+    .await;
+    let idle = proxy.metric("proxima_upstream_idle_connections") as usize;
+    assert_eq!(idle, TOTAL, "the pool is full, not over");
+    assert!(proxy.proxy.max_idle_connections_per_endpoint() <= PER_ENDPOINT);
+    assert!(
+        proxy.metric(r#"proxima_upstream_idle_closed_total{reason="total_limit"}"#) > 0.0,
+        "{}",
+        proxy.metrics_text()
+    );
+
+    // A connection to another pod comes back to a full pool: the oldest idle one goes,
+    // the new one stays, and reuse still works (one connection for many requests).
+    // (Its first probe's connection, if still pooled, went with the oldest.)
+    assert_eq!(proxy.proxy.idle_connections_to(other.addr()), 0);
+    let before = other.connections();
+    for _ in 0..5 {
+        let reply = get(&client, &url, &[("x-service", "other.shop")]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    assert_eq!(proxy.proxy.idle_connections_to(other.addr()), 1);
+    assert_eq!(
+        other.connections() - before,
+        1,
+        "sequential requests reuse one connection"
+    );
+    assert_eq!(proxy.proxy.idle_connections(), TOTAL);
+    assert_eq!(
+        proxy.metric("proxima_upstream_idle_connections") as usize,
+        TOTAL
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_of_zero_keeps_no_idle_connection() {
+    let pod = backend("pod-0").await;
+    let config = ProxyConfig {
+        max_idle_per_endpoint: 0,
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start_with(
+        config,
+        vec![(
+            service("shop", "api", &[], &[]),
+            vec![endpoint("pod-0", pod.addr())],
+        )],
+    )
+    .await;
+    // The new pod's first probe comes first; count the requests' connections after it.
+    eventually("the first probe", Duration::from_secs(10), || {
+        pod.hits() > pod.client_hits()
+    })
+    .await;
+    let before = pod.connections();
+    let client = http1_client();
+    for _ in 0..3 {
+        let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    assert_eq!(proxy.proxy.idle_connections(), 0);
+    assert_eq!(
+        pod.connections() - before,
+        3,
+        "each request had its own connection"
+    );
+}
