@@ -99,14 +99,7 @@ async fn a_streaming_response_keeps_its_place_until_its_body_is_sent() {
         max_concurrent_requests: 1,
         ..ProxyConfig::default()
     };
-    let proxy = TestProxy::start_with(
-        config,
-        vec![(
-            service("shop", "api", &[], &[]),
-            vec![endpoint("pod-0", pod.addr())],
-        )],
-    )
-    .await;
+    let proxy = TestProxy::one_pod(config, "pod-0", pod.addr()).await;
     // A response whose headers arrived but whose body the client has not read (32 MiB,
     // more than the socket buffers hold) holds the only place; a second request is shed;
     // once the body has been read, the place is free again.

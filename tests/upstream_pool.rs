@@ -145,14 +145,7 @@ async fn a_bound_of_zero_keeps_no_idle_connection() {
         max_idle_per_endpoint: 0,
         ..ProxyConfig::default()
     };
-    let proxy = TestProxy::start_with(
-        config,
-        vec![(
-            service("shop", "api", &[], &[]),
-            vec![endpoint("pod-0", pod.addr())],
-        )],
-    )
-    .await;
+    let proxy = TestProxy::one_pod(config, "pod-0", pod.addr()).await;
     // The new pod's first probe comes first; count the requests' connections after it.
     eventually("the first probe", Duration::from_secs(10), || {
         pod.hits() > pod.client_hits()

@@ -147,6 +147,15 @@ impl TestProxy {
         Self::start_with(ProxyConfig::default(), services).await
     }
 
+    /// A proxy with `config` for one service, `api.shop`, of one pod `id` at `addr`.
+    pub async fn one_pod(config: ProxyConfig, id: &str, addr: SocketAddr) -> Self {
+        Self::start_with(
+            config,
+            vec![(service("shop", "api", &[], &[]), vec![endpoint(id, addr)])],
+        )
+        .await
+    }
+
     pub async fn start_with(
         config: ProxyConfig,
         services: Vec<(ServiceSpec, Vec<Endpoint>)>,

@@ -225,6 +225,19 @@ impl Route {
             .count()
     }
 
+    /// Whether the endpoint at `index` is due its first probe: never measured, and not
+    /// kept out by the initial estimate (see [`Self::too_far`]).
+    pub fn needs_first_probe(
+        &self,
+        index: usize,
+        env: &Environment,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> bool {
+        let state = &self.endpoints[index].state;
+        state.warming() && !state.measured() && self.too_far(index, env, local_node, now).is_none()
+    }
+
     /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
     /// such as environmental conditions"): an endpoint not yet judged on its own
     /// measurements, whose node's round-trip time from this proxy alone exceeds the SLO,

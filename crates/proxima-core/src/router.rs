@@ -643,9 +643,7 @@ impl Router {
                 let ep = &route.endpoints[i];
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
-                let first_probe = ep.state.warming()
-                    && !ep.state.measured()
-                    && route.too_far(i, &env, self.local_node(), now).is_none();
+                let first_probe = route.needs_first_probe(i, &env, self.local_node(), now);
                 if ep.state.in_pool() && !first_probe {
                     continue;
                 }
@@ -684,12 +682,7 @@ impl Router {
                 route
                     .eligible()
                     .iter()
-                    .filter(|&&i| {
-                        let state = &route.endpoints[i].state;
-                        state.warming()
-                            && !state.measured()
-                            && route.too_far(i, &env, self.local_node(), now).is_none()
-                    })
+                    .filter(|&&i| route.needs_first_probe(i, &env, self.local_node(), now))
                     .count()
             })
             .sum()
