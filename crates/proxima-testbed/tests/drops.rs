@@ -78,7 +78,7 @@ async fn start() -> (Arc<Cluster>, Vec<Action>, std::path::PathBuf) {
         .iter()
         .flat_map(|e| e.actions.clone())
         .collect();
-    let dir = std::env::temp_dir().join(format!("proxima-testbed-drops-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("proxima-testbed-drops-{}", unique()));
     let cluster = Cluster::start(
         &scenario,
         &StrategySpec::parse("round-robin").unwrap(),
@@ -203,8 +203,7 @@ async fn a_proxy_meets_a_blackhole_with_connect_timeouts_and_retries_elsewhere()
     let file = ScenarioFile::parse(RUN).unwrap();
     let jobs = proxima_testbed::plan(&file, &[], &[]).unwrap();
     let options = proxima_testbed::RunOptions {
-        work_dir: std::env::temp_dir()
-            .join(format!("proxima-testbed-drops-run-{}", std::process::id())),
+        work_dir: std::env::temp_dir().join(format!("proxima-testbed-drops-run-{}", unique())),
         ..proxima_testbed::RunOptions::default()
     };
     let runs = proxima_testbed::run_jobs(jobs, 1, &options, None)
@@ -256,4 +255,13 @@ async fn a_proxy_meets_a_blackhole_with_connect_timeouts_and_retries_elsewhere()
             .map(|p| p.counters.connect_failures)
             .sum::<u64>()
     );
+}
+
+/// A name part no concurrent run shares: these tests run in their own PID namespace,
+/// where every run's process id is the same.
+fn unique() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}", std::process::id())
 }
