@@ -11,8 +11,13 @@
 //! * the socket is wrapped in [`Watched`], which notes the time of the last byte read
 //!   or written.
 //!
-//! The task driving the connection asks [`ConnActivity::deadline`] when it must look
-//! again, and [`ConnActivity::verdict`] what to do then:
+//! The task driving the connection asks [`ConnActivity::next_check`] when it must look
+//! again, and [`ConnActivity::verdict`] what to do then. Requests beginning and ending
+//! do not wake the driver: a limit that starts after the driver's last look (a request
+//! ends, a body starts to stream) ends no sooner than the shortest limit after that
+//! look, and the driver never waits longer than that between looks. So no look is late,
+//! and a busy connection costs one timer that fires about once per shortest limit,
+//! instead of three wake-ups of its task per request.
 //!
 //! | state | limit | then |
 //! |---|---|---|
@@ -38,7 +43,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 
 use crate::metrics::CloseReason;
 
@@ -69,7 +73,6 @@ pub(crate) struct ConnActivity {
     /// Milliseconds after `born` of the last byte read or written.
     last_io_ms: AtomicU64,
     state: Mutex<State>,
-    changed: Notify,
 }
 
 /// What the driver should do with the connection.
@@ -95,7 +98,6 @@ impl ConnActivity {
                 requests: 0,
                 idle_since: now,
             }),
-            changed: Notify::new(),
         })
     }
 
@@ -121,21 +123,24 @@ impl ConnActivity {
             self.busy.store(state.in_flight, Ordering::Relaxed);
             self.started.store(state.requests, Ordering::Relaxed);
         }
-        self.changed.notify_one();
         InFlight {
             activity: self.clone(),
             streaming: false,
         }
     }
 
-    /// Resolves when a request begins or ends (the deadline may have moved).
-    pub(crate) async fn changed(&self) {
-        self.changed.notified().await;
+    /// When the driver, looking at `now`, must next call [`verdict`](Self::verdict):
+    /// the current limit's deadline, but no later than `now` plus the shortest limit,
+    /// the earliest a limit that starts after `now` (a request ends, a body starts to
+    /// stream) could end.
+    pub(crate) fn next_check(&self, timeouts: &ConnTimeouts, now: Instant) -> Instant {
+        let soonest = now + timeouts.header.min(timeouts.idle).min(timeouts.body);
+        self.deadline(timeouts)
+            .map_or(soonest, |deadline| deadline.min(soonest))
     }
 
-    /// When the driver must next call [`verdict`](Self::verdict); `None` while only
-    /// response headers are awaited.
-    pub(crate) fn deadline(&self, timeouts: &ConnTimeouts) -> Option<Instant> {
+    /// The current limit's deadline; `None` while only response headers are awaited.
+    fn deadline(&self, timeouts: &ConnTimeouts) -> Option<Instant> {
         let state = self.state();
         if state.streaming > 0 {
             Some(self.last_io() + timeouts.body)
@@ -184,7 +189,6 @@ impl InFlight {
             // Streaming starts with a fresh stall clock.
             self.activity.touch();
             self.activity.state().streaming += 1;
-            self.activity.changed.notify_one();
         }
         self
     }
@@ -203,7 +207,6 @@ impl Drop for InFlight {
             }
             self.activity.busy.store(state.in_flight, Ordering::Relaxed);
         }
-        self.activity.changed.notify_one();
     }
 }
 
@@ -506,6 +509,15 @@ mod tests {
         let t = timeouts();
         let guard = activity.begin();
         assert_eq!(activity.deadline(&t), None);
+        let later = t0 + Duration::from_millis(500);
+        assert_eq!(activity.next_check(&t, later), later + t.header);
+        // A limit can start at any time after a look (here a body could start to
+        // stream): looks are never further apart than the shortest limit.
+        let quick = ConnTimeouts {
+            body: Duration::from_millis(100),
+            ..t
+        };
+        assert_eq!(activity.next_check(&quick, later), later + quick.body);
         assert_eq!(activity.verdict(&t, t0 + t.idle * 10), Verdict::Keep);
         let guard = guard.streaming();
         let deadline = activity.deadline(&t).expect("streaming has a deadline");
