@@ -37,6 +37,7 @@
 //! proxy's own stall during the attempt (`stall.rs`), so that the proxy's lag is not
 //! held against the pod.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -118,12 +119,16 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// any byte of a response and the request is body-less and idempotent, the request goes
 /// again to the same pod on a fresh connection. Neither counts against the pod: only the
 /// final result of the attempt is reported.
+///
+/// `replay` is the request's copy for a retry, if the caller keeps one; it serves the
+/// resend too, so a request is copied at most once.
 pub(crate) async fn attempt(
     pool: &ConnPool,
     addr: SocketAddr,
     mut req: Request<RequestBody>,
     deadline: Instant,
     connect_timeout: Duration,
+    replay: Option<&Replay>,
 ) -> Attempt {
     let resendable = req.body().is_end_stream() && is_idempotent(req.method());
     let mut stale = 0;
@@ -150,7 +155,11 @@ pub(crate) async fn attempt(
                 }
             }
         };
-        let again = (!fresh && resendable).then(|| Replay::of(&req));
+        let again = match replay {
+            _ if fresh || !resendable => None,
+            Some(shared) => Some(Cow::Borrowed(shared)),
+            None => Some(Cow::Owned(Replay::of(&req))),
+        };
         let sent = sender.try_send_request(req);
         match tokio::time::timeout_at(deadline.into(), sent).await {
             Err(_) => return Attempt::TimedOut { sent: true },
@@ -206,11 +215,26 @@ async fn first_frame(
     }
     let mut first = None;
     if !rest.is_end_stream() {
-        let wait = FIRST_FRAME_WAIT.min(deadline.saturating_duration_since(Instant::now()));
-        match tokio::time::timeout(wait, rest.frame()).await {
-            Ok(Some(Ok(frame))) => first = Some(frame),
-            Ok(Some(Err(error))) => return Err(error),
-            Ok(None) | Err(_) => {}
+        // Usually the first frame came in the same read as the headers: take it without
+        // arming a timer.
+        let ready = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::pin::Pin::new(&mut rest).poll_frame(cx))
+        })
+        .await;
+        let frame = match ready {
+            std::task::Poll::Ready(frame) => frame,
+            std::task::Poll::Pending => {
+                let wait = FIRST_FRAME_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+                tokio::time::timeout(wait, rest.frame())
+                    .await
+                    .ok()
+                    .flatten()
+            }
+        };
+        match frame {
+            Some(Ok(frame)) => first = Some(frame),
+            Some(Err(error)) => return Err(error),
+            None => {}
         }
     }
     Ok(Response::from_parts(parts, UpstreamBody { first, rest }))
@@ -295,7 +319,8 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 /// What is needed to send a body-less request again.
-struct Replay {
+#[derive(Clone)]
+pub(crate) struct Replay {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -373,7 +398,7 @@ impl Drop for Abandoned<'_> {
             return;
         }
         let now = Instant::now();
-        let stall = self.proxy.stall.total(now).saturating_sub(self.stall_start);
+        let stall = self.proxy.stall_total(now).saturating_sub(self.stall_start);
         let endpoint = &self.picked.endpoint().id;
         debug!(
             service = self.service.label(),
@@ -442,7 +467,7 @@ impl Proxy {
         outcome: Outcome,
         stall_start: Duration,
     ) {
-        let stall = self.stall.total(now).saturating_sub(stall_start);
+        let stall = self.stall_total(now).saturating_sub(stall_start);
         if let Some(change) = self.router.record_stalled(picked, now, outcome, stall) {
             self.pool_changed(service, &picked.endpoint().id, change);
         }
@@ -476,7 +501,7 @@ impl Proxy {
                 result = &mut attempt => break result,
                 () = tokio::time::sleep_until(overdue_at.into()), if !picked.overdue() => {
                     let now = Instant::now();
-                    let stall = self.stall.total(now).saturating_sub(stall_start);
+                    let stall = self.stall_total(now).saturating_sub(stall_start);
                     let waited = now.saturating_duration_since(picked.at).saturating_sub(stall);
                     if waited > slo {
                         debug!(
@@ -627,8 +652,15 @@ impl Proxy {
             let addr = picked.addr;
 
             crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
-            let stall_start = self.stall.total(attempt_start);
-            let sent = attempt(&self.pool, addr, req, deadline, connect_timeout);
+            let stall_start = self.stall_total(attempt_start);
+            let sent = attempt(
+                &self.pool,
+                addr,
+                req,
+                deadline,
+                connect_timeout,
+                replay.as_ref(),
+            );
             let failed = match self
                 .watched(&picked, &service, stall_start, slo, sent)
                 .await

@@ -21,6 +21,8 @@
 //! * `prober`: background probes ([`run_prober`]).
 //! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
 //!   against the pods.
+//! * `workers`: serving on worker threads with a single-threaded runtime each
+//!   ([`serve_on_workers`]).
 
 mod body;
 mod config;
@@ -37,6 +39,7 @@ mod server;
 mod spans;
 mod stall;
 pub mod target;
+mod workers;
 
 use std::sync::Arc;
 
@@ -53,6 +56,7 @@ pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
+pub use workers::{serve_on_workers, Workers};
 
 use pool::{ConnPool, PoolBounds};
 use stall::StallMeter;
@@ -65,12 +69,16 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     config: ProxyConfig,
     pool: Arc<ConnPool>,
-    /// The proxy's own scheduling lag (see `stall.rs`).
+    /// The scheduling lag of the runtime `Proxy::new` ran on (see `stall.rs`); worker
+    /// threads have their own (`workers.rs`).
     stall: Arc<StallMeter>,
     /// Recent requests that traffic-shaped probes imitate (`qos-pool-probe: traffic`).
     probe_shapes: prober::TrafficShapes,
     /// Places for requests in flight (`max_concurrent_requests`); see `server.rs`.
     admission: Arc<Semaphore>,
+    /// Places for open client connections (`max_client_connections`), shared by every
+    /// listener and worker that serves this proxy; see `server.rs`.
+    connections: Arc<Semaphore>,
 }
 
 impl Proxy {
@@ -92,6 +100,11 @@ impl Proxy {
                 .max_concurrent_requests
                 .clamp(1, Semaphore::MAX_PERMITS),
         ));
+        let connections = Arc::new(Semaphore::new(
+            config
+                .max_client_connections
+                .clamp(1, Semaphore::MAX_PERMITS),
+        ));
         Arc::new(Self {
             router,
             metrics,
@@ -100,7 +113,14 @@ impl Proxy {
             stall,
             probe_shapes: prober::TrafficShapes::default(),
             admission,
+            connections,
         })
+    }
+
+    /// The proxy's stall total up to `now` (see `stall.rs`), from the meter of the
+    /// calling worker thread, or the proxy's own off the workers.
+    pub(crate) fn stall_total(&self, now: std::time::Instant) -> std::time::Duration {
+        workers::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
     }
 
     pub fn router(&self) -> &Arc<Router> {

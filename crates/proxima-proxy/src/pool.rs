@@ -30,6 +30,10 @@
 //! connects (the kernel picks the port), so pods, and anything between, see the proxy's
 //! chosen address as the peer.
 //!
+//! With several worker threads (`workers.rs`), a connection is reused only by the worker
+//! whose runtime drives it, so that a request never wakes another thread; the bounds
+//! stay global.
+//!
 //! The idle lists sit behind one mutex: each operation is a hash lookup and a push or a
 //! pop (eviction by age is a lookup in an ordered map), and connections that are closed
 //! are dropped after the lock is released.
@@ -59,6 +63,8 @@ pub(crate) struct PoolBounds {
 #[derive(Debug)]
 struct Idle {
     sender: Sender,
+    /// The worker thread whose runtime drives the connection (`workers.rs`).
+    worker: u32,
     since: Instant,
     /// Position in [`Lists::by_age`].
     seq: u64,
@@ -172,10 +178,11 @@ impl ConnPool {
         }
     }
 
-    /// The newest idle connection to `addr` that is ready for a request. Closed and
-    /// expired ones are dropped on the way; ones still finishing their previous
-    /// exchange are left for later.
+    /// The newest idle connection to `addr` that is ready for a request and driven by
+    /// the calling worker thread. Closed and expired ones are dropped on the way; ones
+    /// still finishing their previous exchange, and other workers' ones, are left.
     pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Sender> {
+        let worker = crate::workers::current_index();
         let mut dropped = Vec::new();
         let taken = {
             let mut lists = self.lists();
@@ -192,7 +199,7 @@ impl ConnPool {
                         self.metrics.idle_closed(IdleCloseReason::Expired);
                     }
                     dropped.extend(lists.remove(addr, i));
-                } else if entry.sender.is_ready() {
+                } else if entry.worker == worker && entry.sender.is_ready() {
                     taken = lists.remove(addr, i).map(|idle| idle.sender);
                     break;
                 }
@@ -226,7 +233,12 @@ impl ConnPool {
             let seq = lists.next_seq;
             lists.next_seq += 1;
             let list = lists.by_addr.entry(addr).or_default();
-            list.push_back(Idle { sender, since, seq });
+            list.push_back(Idle {
+                sender,
+                worker: crate::workers::current_index(),
+                since,
+                seq,
+            });
             let over = list.len().saturating_sub(per_endpoint);
             let oldest: Vec<Idle> = list.drain(..over).collect();
             lists.by_age.insert(seq, addr);
@@ -344,4 +356,60 @@ pub(crate) async fn connect(
         }
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use hyper::service::service_fn;
+    use tokio::net::TcpListener;
+
+    /// A loopback HTTP/1.1 server that answers every request with an empty 200.
+    async fn server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                    TokioIo::new(stream),
+                    service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Empty::<bytes::Bytes>::new(),
+                        ))
+                    }),
+                ));
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_worker_takes_back_only_the_connections_its_own_runtime_drives() {
+        let addr = server().await;
+        let registry = prometheus::Registry::new();
+        let metrics = crate::Metrics::new(&registry).unwrap();
+        let bounds = PoolBounds {
+            per_endpoint: 8,
+            total: 8,
+        };
+        let pool = ConnPool::new(Duration::from_secs(60), bounds, None, 100, metrics.pool());
+        let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
+        // Let the connection's task run once, so the connection says it is ready.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::workers::pretend_worker(1);
+        pool.put(addr, sender);
+        assert_eq!(pool.idle_to(addr), 1);
+
+        crate::workers::pretend_worker(2);
+        assert!(
+            pool.take(addr, Instant::now()).is_none(),
+            "worker 2 took worker 1's"
+        );
+        assert_eq!(pool.idle_to(addr), 1, "and left it in the pool");
+
+        crate::workers::pretend_worker(1);
+        assert!(pool.take(addr, Instant::now()).is_some());
+        assert_eq!(pool.idle_to(addr), 0);
+    }
 }

@@ -192,7 +192,16 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
         None => path_probe(&ticket),
     };
 
-    let outcome = match attempt(&proxy.pool, ticket.addr, req, deadline, ticket.timeout).await {
+    let outcome = match attempt(
+        &proxy.pool,
+        ticket.addr,
+        req,
+        deadline,
+        ticket.timeout,
+        None,
+    )
+    .await
+    {
         Attempt::Response(response, sender) => {
             let latency = HeadersAt::of(&response).saturating_duration_since(start);
             let status = response.status().as_u16();

@@ -29,7 +29,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
@@ -218,7 +218,8 @@ fn shed(proxy: &Proxy) -> http::Response<crate::ResponseBody> {
 /// Accept connections until `shutdown` resolves; then stop accepting and let in-flight
 /// requests finish up to `shutdown_grace`.
 ///
-/// At most `max_client_connections` are open at once: a connection beyond that is
+/// At most `max_client_connections` are open at once (counted across every listener
+/// and worker serving this proxy): a connection beyond that is
 /// accepted and closed at once (shed), so the proxy never holds more file descriptors
 /// than its budget and discovery, the admin server and the pods keep theirs. Accept
 /// errors (such as running out of file descriptors anyway) back off briefly and are
@@ -234,12 +235,8 @@ pub async fn serve(
         idle: proxy.config.client_idle_timeout,
         body: proxy.config.body_idle_timeout,
     };
-    let budget = Arc::new(Semaphore::new(
-        proxy
-            .config
-            .max_client_connections
-            .clamp(1, Semaphore::MAX_PERMITS),
-    ));
+    // Shared with every other listener or worker serving this proxy.
+    let budget = proxy.connections.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut accept_errors = RateLimited::new(LOG_EVERY);
@@ -336,17 +333,15 @@ async fn drive(
     ));
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
-    let mut closing: Option<Instant> = None;
+    // One timer per connection, moved only when it fires (see `conn.rs`).
+    let check = tokio::time::sleep_until(activity.next_check(&timeouts, Instant::now()).into());
+    tokio::pin!(check);
+    let mut closing = false;
     let mut stopping = *stop.borrow();
     if stopping {
         conn.as_mut().graceful_shutdown();
     }
     loop {
-        let deadline = match closing {
-            Some(at) => Some(at),
-            None if stopping => None,
-            None => activity.deadline(&timeouts),
-        };
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
@@ -357,23 +352,24 @@ async fn drive(
             changed = stop.changed(), if !stopping => {
                 if changed.is_err() || *stop.borrow() {
                     stopping = true;
-                    closing = None;
+                    closing = false;
                     conn.as_mut().graceful_shutdown();
                 }
             }
-            () = activity.changed(), if closing.is_none() && !stopping => {}
-            () = sleep_until(deadline), if deadline.is_some() => {
-                if closing.is_some() {
+            () = check.as_mut(), if closing || !stopping => {
+                if closing {
                     debug!(%peer, "client did not close in time; dropping the connection");
                     break;
                 }
-                match activity.verdict(&timeouts, Instant::now()) {
-                    Verdict::Keep => {}
+                let now = Instant::now();
+                match activity.verdict(&timeouts, now) {
+                    Verdict::Keep => check.as_mut().reset(activity.next_check(&timeouts, now).into()),
                     Verdict::Close(reason) => {
                         debug!(%peer, reason = reason.as_str(), "closing client connection");
                         proxy.metrics.connection_closed(reason);
                         conn.as_mut().graceful_shutdown();
-                        closing = Some(Instant::now() + CLOSE_GRACE);
+                        closing = true;
+                        check.as_mut().reset((now + CLOSE_GRACE).into());
                     }
                     Verdict::Cut(reason) => {
                         debug!(%peer, reason = reason.as_str(), "cutting stalled client connection");
@@ -385,13 +381,6 @@ async fn drive(
         }
     }
     gauge.dec();
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The per-connection service: resolve the target, then forward.

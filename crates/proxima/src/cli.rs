@@ -274,6 +274,13 @@ pub struct ProxyArgs {
     )]
     pub shutdown_grace: Duration,
 
+    /// Data-plane worker threads, each with its own single-threaded runtime sharing the
+    /// listener (nginx's `worker_processes`). Default: TOKIO_WORKER_THREADS if set, else
+    /// one per CPU. Discovery, the admin server and probes run on a separate runtime.
+    #[arg(long, env = "PROXIMA_WORKERS", value_name = "COUNT",
+        value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
+
     /// How long an idle keep-alive connection to a pod is kept for reuse.
     #[arg(
         long,
@@ -679,6 +686,19 @@ impl ProxyArgs {
         }
     }
 
+    /// How many data-plane workers to run: `--workers`, else TOKIO_WORKER_THREADS (the
+    /// variable tokio's own runtime reads), else one per CPU.
+    pub fn worker_count(&self) -> usize {
+        if let Some(workers) = self.workers {
+            return usize::from(workers);
+        }
+        std::env::var("TOKIO_WORKER_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
     /// The data plane's settings from these flags (the connection budget resolved).
     pub fn config(&self) -> ProxyConfig {
         ProxyConfig {
@@ -878,6 +898,22 @@ mod tests {
         assert!(config.selector.is_none());
         assert!(config.publish_events);
         assert_eq!(config.instance, None);
+    }
+
+    #[test]
+    fn workers_flag_sets_the_data_plane_threads_and_zero_is_refused() {
+        let Command::Run(args) =
+            Cli::try_parse_from(["proxima", "run", "--discovery", "kube", "--workers", "3"])
+                .unwrap()
+                .command
+        else {
+            panic!("expected run");
+        };
+        assert_eq!(args.proxy.worker_count(), 3);
+        assert!(
+            Cli::try_parse_from(["proxima", "run", "--discovery", "kube", "--workers", "0"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -218,12 +218,16 @@ pub async fn serve(
         .spawn(args, discovery, router.clone(), &mut tasks, shutdown)
         .await;
     let proxy = Proxy::new(router, metrics, args.config());
-    tasks.spawn({
-        let (proxy, stop) = (proxy.clone(), shutdown.wait());
-        async move {
-            let result = proxima_proxy::serve(proxy, proxy_listener, stop).await;
-            ("proxy", result.map_err(Into::into))
-        }
+    let workers = args.worker_count();
+    let serving = proxy_listener.into_std().and_then(|listener| {
+        proxima_proxy::serve_on_workers(proxy.clone(), listener, workers, || shutdown.wait())
+    });
+    tasks.spawn(async move {
+        let result = match serving {
+            Ok(workers) => workers.join().await,
+            Err(e) => Err(e),
+        };
+        ("proxy", result.map_err(Into::into))
     });
     tasks.spawn({
         let stop = shutdown.wait();
