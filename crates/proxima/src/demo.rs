@@ -113,6 +113,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let topology = proxima_discovery::load(&file).map_err(|e| anyhow!("{e}"))?;
 
     let node = args
+        .serve
         .proxy
         .node_name
         .clone()
@@ -124,13 +125,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         .map(|(spec, _)| spec.key.to_string())
         .collect();
     let ports = Ports {
-        proxy: args.listen,
-        admin: args.admin,
+        proxy: args.serve.listen,
+        admin: args.serve.admin,
     };
-    let header = args.proxy.service_header.clone();
+    let header = args.serve.proxy.service_header.clone();
     let result = serve(
         ports,
-        &args.proxy,
+        &args.serve.proxy,
         DiscoveryPlan {
             discovery: &Discovery::File(file.clone()),
             kube: &KubeArgs::default(),
