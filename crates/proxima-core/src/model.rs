@@ -16,11 +16,19 @@ use crate::settings::ServiceSettings;
 /// `namespace/name` of a Service.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct ServiceKey {
+    /// The Service's namespace.
     pub namespace: String,
+    /// The Service's name within its namespace.
     pub name: String,
 }
 
 impl ServiceKey {
+    /// Namespace of a service named without one: in topology and scenario files, in the
+    /// demo, and (as `--default-namespace`'s default) in client requests. Kubernetes'
+    /// own default, so that the same names work with and without a cluster.
+    pub const DEFAULT_NAMESPACE: &'static str = "default";
+
+    /// The key of Service `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),

@@ -63,7 +63,7 @@ use std::fmt;
 use std::time::Duration;
 
 use proxima_core::settings::parse_duration;
-use proxima_core::ServiceSettings;
+use proxima_core::{ServiceKey, ServiceSettings};
 use proxima_emulate::ProcessingTime;
 use serde::Deserialize;
 use serde_yaml::Value;
@@ -966,7 +966,10 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         }
         services.push(ServiceSpecDoc {
             name: s.name.clone(),
-            namespace: s.namespace.clone().unwrap_or_else(|| "default".to_string()),
+            namespace: s
+                .namespace
+                .clone()
+                .unwrap_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string()),
             settings,
             slo: parsed.latency_slo,
             instances,

@@ -248,7 +248,7 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "PROXIMA_DEFAULT_NAMESPACE",
-        default_value = "default",
+        default_value = proxima_core::ServiceKey::DEFAULT_NAMESPACE,
         value_name = "NAMESPACE"
     )]
     pub default_namespace: String,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use proxima_core::settings::parse_duration;
-use proxima_core::Router;
+use proxima_core::{Router, ServiceKey};
 use proxima_emulate::{Backend, BackendConfig};
 use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
@@ -64,7 +64,7 @@ struct PodSpec {
 }
 
 fn default_namespace() -> String {
-    "default".to_string()
+    ServiceKey::DEFAULT_NAMESPACE.to_string()
 }
 
 struct EmulatedPod {
@@ -235,7 +235,10 @@ fn find_endpoint<'v>(
         .iter_mut()
         .find(|s| {
             text(s, "name").as_deref() == Some(service)
-                && text(s, "namespace").as_deref().unwrap_or("default") == namespace
+                && text(s, "namespace")
+                    .as_deref()
+                    .unwrap_or(ServiceKey::DEFAULT_NAMESPACE)
+                    == namespace
         })?
         .get_mut("endpoints")?
         .as_sequence_mut()?

@@ -256,7 +256,9 @@ impl Document {
             Vec::with_capacity(self.services.len());
         for (i, doc) in self.services.into_iter().enumerate() {
             let path = root.key("services").index(i);
-            let namespace = doc.namespace.unwrap_or_else(|| "default".to_string());
+            let namespace = doc
+                .namespace
+                .unwrap_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string());
             check_dns_label(&mut problems, path.key("name"), &doc.name);
             check_dns_label(&mut problems, path.key("namespace"), &namespace);
             let key = ServiceKey::new(namespace, doc.name);
