@@ -16,6 +16,8 @@
 //! * [`router`]: the lock-free routing table (each service's route and strategy).
 //! * [`retry_budget`]: the per-service budget that bounds retries.
 
+#![warn(missing_docs)]
+
 pub mod endpoint;
 pub mod environment;
 pub mod estimator;
