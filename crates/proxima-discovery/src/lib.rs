@@ -8,6 +8,8 @@
 //!   service settings use the same keys as the `proxima.io/<key>` Service annotations of
 //!   the Kubernetes source that will come next.
 
+#![warn(missing_docs)]
+
 pub mod file;
 
 pub use file::{load, parse, parse_named, watch, FileError, FileWatcher, Problem, Topology};

@@ -16,6 +16,8 @@
 //!   Kubernetes Events (reason `InvalidAnnotation`); exposes API connectivity through
 //!   [`ApiStatus`].
 
+#![warn(missing_docs)]
+
 mod config;
 mod convert;
 mod index;

@@ -22,6 +22,8 @@
 //! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
 //!   against the pods.
 
+#![warn(missing_docs)]
+
 mod body;
 mod config;
 mod conn;
@@ -74,6 +76,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy routing with `router`, counting into `metrics`. Inside a tokio runtime it
+    /// also starts the stall meter (a task measuring the proxy's own scheduling lag);
+    /// outside one, stalls are not measured.
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, config: ProxyConfig) -> Arc<Self> {
         let pool = Arc::new(ConnPool::new(
             config.pool_idle_timeout,
@@ -103,14 +108,17 @@ impl Proxy {
         })
     }
 
+    /// The routing table it picks from.
     pub fn router(&self) -> &Arc<Router> {
         &self.router
     }
 
+    /// Its metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
+    /// The settings it was made with.
     pub fn config(&self) -> &ProxyConfig {
         &self.config
     }
