@@ -172,6 +172,17 @@ pub struct MetricsServerSource {
     listed_nodes_at: Option<Instant>,
 }
 
+/// `exchange` (one poll, or one Node listing) bounded by `timeout`: an aggregated API
+/// whose backend is unreachable can keep a request open for minutes.
+async fn within<T>(
+    timeout: Duration,
+    exchange: impl std::future::Future<Output = Result<T, MetricsServerError>>,
+) -> Result<T, MetricsServerError> {
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| MetricsServerError::Timeout(timeout))?
+}
+
 impl std::fmt::Debug for MetricsServerSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetricsServerSource")
@@ -230,10 +241,7 @@ impl MetricsServerSource {
     /// Read node metrics once and publish the usage of every node it covers; returns how
     /// many nodes got a reading.
     pub async fn poll(&mut self) -> Result<usize, MetricsServerError> {
-        let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.poll_unbounded())
-            .await
-            .map_err(|_| MetricsServerError::Timeout(timeout))?
+        within(self.timeout, self.poll_unbounded()).await
     }
 
     async fn poll_unbounded(&mut self) -> Result<usize, MetricsServerError> {
@@ -272,10 +280,7 @@ impl MetricsServerSource {
 
     /// List the Nodes and keep their allocatable resources; returns how many have them.
     pub async fn refresh_allocatable(&mut self) -> Result<usize, MetricsServerError> {
-        let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.list_nodes())
-            .await
-            .map_err(|_| MetricsServerError::Timeout(timeout))?
+        within(self.timeout, self.list_nodes()).await
     }
 
     async fn list_nodes(&mut self) -> Result<usize, MetricsServerError> {
