@@ -37,6 +37,20 @@ impl ServiceKey {
     }
 }
 
+/// Whether `name` is an RFC 1123 DNS label, the form of Kubernetes namespace, Service
+/// and Node names: 1 to 63 lower-case letters, digits and `-`, not starting or ending
+/// with `-`. Files and flags that name Kubernetes objects check names with it, so that
+/// what works without a cluster also works with one.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
 impl fmt::Display for ServiceKey {
     /// `name.namespace`, the form clients use in `x-service`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -259,4 +273,19 @@ pub enum Update {
         /// Id of the endpoint to remove.
         id: EndpointId,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_dns_label;
+
+    #[test]
+    fn dns_labels() {
+        for ok in ["default", "a", "shop-2", &"a".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok:?}");
+        }
+        for bad in ["", "-a", "a-", "Edge", "a_b", "a.b", "é", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+    }
 }

@@ -1161,7 +1161,7 @@ fn check_kube_names(scenario: &Scenario) -> Result<(), TestbedError> {
                 .map(|s| ("namespace", &s.namespace)),
         );
     for (what, name) in names {
-        if !crate::k8s::valid_name(name) {
+        if !proxima_core::is_dns_label(name) {
             return Err(TestbedError::Invalid(format!(
                 "--kube: {what} name {name:?} is not a valid Kubernetes name \
                  (lowercase letters, digits and '-', at most 63)"

@@ -77,18 +77,6 @@ impl ControlPlane {
     }
 }
 
-/// A valid Kubernetes object name (RFC 1123 label: what Services and the testbed's
-/// Node names must be).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 /// A node as published.
 pub struct NodeObject<'a> {
     /// Node name.

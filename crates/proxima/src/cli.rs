@@ -778,14 +778,7 @@ fn parse_kubeconfig(value: &str) -> Result<PathBuf, String> {
 /// empty (skipped).
 fn parse_namespace(value: &str) -> Result<String, String> {
     let value = value.trim();
-    let label = value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    let valid = value.is_empty() || label;
-    if valid {
+    if value.is_empty() || proxima_core::is_dns_label(value) {
         Ok(value.to_string())
     } else {
         Err(format!(

@@ -179,14 +179,7 @@ impl Problems {
 
 /// Kubernetes object names as used in `name.namespace`: a DNS label.
 fn check_dns_label(problems: &mut Problems, path: YamlPath, value: &str) {
-    let ok = !value.is_empty()
-        && value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if !ok {
+    if !proxima_core::is_dns_label(value) {
         problems.add(
             path,
             format!(
