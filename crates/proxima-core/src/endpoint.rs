@@ -8,7 +8,7 @@
 //!   `failure-status` set (default `5xx`), a reset, a timeout or a refused connection is
 //!   stored as a miss, however fast it came: a pod that answers `500` in 2 ms does not
 //!   meet an SLO. An attempt still unanswered when the SLO has passed is stored as a miss
-//!   at that moment ([`EndpointState::observe_overdue`]), and its eventual answer adds no
+//!   at that moment (`EndpointState::observe_overdue`), and its eventual answer adds no
 //!   second sample; an attempt the client abandoned after the SLO is a miss too.
 //! * **Consecutive failures eject at once**, next to the latency test, as Envoy's outlier
 //!   detection (`consecutive_5xx`, 5 by default) and linkerd's failure accrual (7
@@ -35,7 +35,7 @@
 //!   (Envoy's `slow_start_config`) instead of taking a burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
 //!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
-//!   aside: neither good nor bad evidence. See [`Observation::stall`]. The pool's last
+//!   aside: neither good nor bad evidence. See `Observation::stall`. The pool's last
 //!   member is not evicted right after a stall; it is judged on its evidence once the
 //!   stall is out of memory, traffic or not.
 //!

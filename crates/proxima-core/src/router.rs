@@ -11,7 +11,7 @@
 //! an update that keeps an endpoint keeps its measurements, in-flight count and
 //! cooldown), and two caches derived from the route, the environment and the time.
 //!
-//! An endpoint's state belongs to its name **and** address ([`StateKey`]): a pod
+//! An endpoint's state belongs to its name **and** address (`StateKey`): a pod
 //! recreated under the same name with a new IP (a StatefulSet pod rescheduled) is a
 //! new process, maybe on another node, and starts with no history, while a change of
 //! conditions, node, zone, hints or port keeps it.

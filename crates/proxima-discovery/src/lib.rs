@@ -4,7 +4,7 @@
 //! [`Router`](proxima_core::Router). This crate holds the file source; the Kubernetes
 //! source is the `proxima-k8s` crate (`--discovery kube`).
 //!
-//! * [`file`]: a YAML topology file, polled for changes (`--discovery file:PATH`). It is
+//! * [`file`](mod@file): a YAML topology file, polled for changes (`--discovery file:PATH`). It is
 //!   the source of a proxy without a cluster (`proxima demo`, tests, small static
 //!   setups), and its service settings use the same keys as the `proxima.io/<key>`
 //!   Service annotations of the Kubernetes source.

@@ -13,7 +13,7 @@
 //!    peer whose last reading expired starts again from the sample), dated when the
 //!    reply arrived. A reply from a proxy that says it runs on another node is a
 //!    failure: the address or port is wrong, and its usage must not be misattributed;
-//! 5. the readings are published into the router's [`Environment`] in one update,
+//! 5. the readings are published into the router's [`Environment`](proxima_core::Environment) in one update,
 //!    together with the peers' reported usage and this node's own usage when peer
 //!    reports are the usage source ([`PeerUsage`]), and expired readings are dropped.
 //!

@@ -16,7 +16,7 @@
 //! and compared in lower case; a trailing dot (`….cluster.local.`) is accepted.
 //!
 //! Parsing is pure and allocation-free ([`split_target`]); only building the
-//! [`ServiceKey`] allocates, and [`TargetCache`] skips even that while a connection keeps
+//! [`ServiceKey`] allocates, and `TargetCache` skips even that while a connection keeps
 //! naming the same service, as clients of one service do.
 
 use std::sync::Arc;

@@ -56,7 +56,7 @@
 //! The full schema is in `docs/testbed.md`. Checking is strict and reports every
 //! problem with its line ([`crate::shape`] first: keys and forms; then names, values,
 //! strategies, and events against the run's time span and the topology's state at that
-//! time, [`check_timeline`]).
+//! time, `check_timeline`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
