@@ -1,6 +1,9 @@
 //! Routing-core benchmarks: the pick decision and the measurement update, per strategy,
 //! for services of 10, 100 and 1000 endpoints.
 //!
+//! Every strategy the settings know ([`KNOWN_STRATEGIES`]) is measured, so a new one is
+//! benchmarked without editing this file.
+//!
 //! `cargo bench --bench routing` (add `-- --quick` for a fast pass). Everything runs on
 //! the pure core: no sockets, no runtime, a seeded RNG, explicit time.
 
@@ -9,21 +12,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use proxima_core::settings::KNOWN_STRATEGIES;
 use proxima_core::{Endpoint, Outcome, Router, ServiceKey, ServiceSettings, ServiceSpec, Update};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 const SIZES: [usize; 3] = [10, 100, 1000];
-const STRATEGIES: [&str; 8] = [
-    "qos-pool",
-    "round-robin",
-    "random",
-    "rap",
-    "proximity",
-    "local",
-    "kube-proxy",
-    "p2c-ewma",
-];
 
 fn key() -> ServiceKey {
     ServiceKey::new("default", "bench")
@@ -91,7 +85,7 @@ fn warmed_router(strategy: &str, n: usize, now: Instant) -> Router {
 
 fn bench_pick(c: &mut Criterion) {
     let mut group = c.benchmark_group("pick");
-    for strategy in STRATEGIES {
+    for &strategy in KNOWN_STRATEGIES {
         for n in SIZES {
             let now = Instant::now();
             let mut router = None;
@@ -111,7 +105,7 @@ fn bench_pick(c: &mut Criterion) {
 
 fn bench_record(c: &mut Criterion) {
     let mut group = c.benchmark_group("record");
-    for strategy in STRATEGIES {
+    for &strategy in KNOWN_STRATEGIES {
         for n in SIZES {
             let now = Instant::now();
             let mut router = None;

@@ -66,6 +66,7 @@ impl TableGauges {
         registry.register(Box::new(Self::new(router)?))
     }
 
+    /// The gauges of `router`'s table, not yet registered (see [`TableGauges::register`]).
     pub fn new(router: Arc<Router>) -> prometheus::Result<Self> {
         let desc = |(name, help): (&str, &str), labels: &[&str]| {
             Desc::new(

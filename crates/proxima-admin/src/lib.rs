@@ -22,6 +22,8 @@
 //! [`serve`] and [`serve_with_node`] trust every client: they are for embedding the admin
 //! server in a closed network (the testbed).
 
+#![warn(missing_docs)]
+
 pub mod gauges;
 mod handlers;
 
@@ -48,6 +50,7 @@ use crate::gauges::TableGauges;
 pub struct Readiness(Arc<AtomicBool>);
 
 impl Readiness {
+    /// Not synced yet: `/readyz` answers 503 until [`Readiness::mark_synced`].
     pub fn new() -> Self {
         Self::default()
     }
@@ -57,6 +60,7 @@ impl Readiness {
         self.0.store(true, Ordering::Release);
     }
 
+    /// Whether discovery has synced (what `/readyz` reports).
     pub fn is_synced(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
@@ -65,8 +69,11 @@ impl Readiness {
 /// What the admin server reports on.
 #[derive(Debug)]
 pub struct AdminState {
+    /// The routing table `/debug/pools` explains and the gauges read.
     pub router: Arc<Router>,
+    /// Every metric `/metrics` exposes (the proxy's, the nodes', the table gauges).
     pub registry: prometheus::Registry,
+    /// Whether `/readyz` answers 200.
     pub readiness: Readiness,
 }
 

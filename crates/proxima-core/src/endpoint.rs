@@ -8,7 +8,7 @@
 //!   `failure-status` set (default `5xx`), a reset, a timeout or a refused connection is
 //!   stored as a miss, however fast it came: a pod that answers `500` in 2 ms does not
 //!   meet an SLO. An attempt still unanswered when the SLO has passed is stored as a miss
-//!   at that moment ([`EndpointState::observe_overdue`]), and its eventual answer adds no
+//!   at that moment (`EndpointState::observe_overdue`), and its eventual answer adds no
 //!   second sample; an attempt the client abandoned after the SLO is a miss too.
 //! * **Consecutive failures eject at once**, next to the latency test, as Envoy's outlier
 //!   detection (`consecutive_5xx`, 5 by default) and linkerd's failure accrual (7
@@ -35,7 +35,7 @@
 //!   (Envoy's `slow_start_config`) instead of taking a burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
 //!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
-//!   aside: neither good nor bad evidence. See [`Observation::stall`]. The pool's last
+//!   aside: neither good nor bad evidence. See `Observation::stall`. The pool's last
 //!   member is not evicted right after a stall; it is judged on its evidence once the
 //!   stall is out of memory, traffic or not.
 //!
@@ -93,14 +93,18 @@ pub enum Admission {
     /// It missed the SLO; it gets only background probes until `readmit_after`
     /// consecutive probes meet the SLO.
     Evicted {
+        /// When it was evicted.
         #[serde(skip)]
         since: Instant,
+        /// Probes in a row that met the SLO since; `readmit_after` of them re-admit it.
         consecutive_good: u32,
+        /// Why it was evicted.
         cause: EvictionCause,
     },
 }
 
 impl Admission {
+    /// Whether this state keeps the endpoint in the pool (warming or admitted).
     pub fn in_pool(&self) -> bool {
         !matches!(self, Admission::Evicted { .. })
     }
@@ -109,7 +113,9 @@ impl Admission {
 /// A change of pool membership, reported so that callers can count and log it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolChange {
+    /// It left the pool.
     Evicted,
+    /// It came back into the pool.
     Readmitted,
 }
 
@@ -118,10 +124,18 @@ pub enum PoolChange {
 pub enum Outcome {
     /// Response headers with `status` arrived after `latency`; a status in the service's
     /// `failure-status` set makes it a failure.
-    Answered { latency: Duration, status: u16 },
+    Answered {
+        /// From sending the request to the response headers.
+        latency: Duration,
+        /// The response's status code.
+        status: u16,
+    },
     /// Response headers arrived after `latency` with a status that is not a failure
     /// (for callers that have already classified it).
-    Response { latency: Duration },
+    Response {
+        /// From sending the request to the response headers.
+        latency: Duration,
+    },
     /// The connection could not be opened: nothing reached the pod.
     ConnectFailed,
     /// Sent, but no response: reset, protocol error or timeout.
@@ -222,6 +236,8 @@ impl Observation<'_> {
 }
 
 impl EndpointState {
+    /// Fresh state for an endpoint of a service with `settings`; `epoch` is the instant its
+    /// atomic timestamps count from (any instant not after the first use).
     pub fn new(settings: &ServiceSettings, epoch: Instant) -> Self {
         Self {
             stats: Mutex::new(Stats {
@@ -385,10 +401,13 @@ impl EndpointState {
         self.held_until_probed.load(Ordering::Relaxed) && !self.measured()
     }
 
+    /// Attempts started on it ([`EndpointState::start`]) since it was created.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
 
+    /// Outcomes that counted as failures (no connection, no response, or a `failure-status`
+    /// status) since it was created.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
@@ -398,6 +417,7 @@ impl EndpointState {
         self.cooldown_remaining(now).is_some()
     }
 
+    /// Time left in the cooldown after connection failures, or `None` when it may be picked.
     pub fn cooldown_remaining(&self, now: Instant) -> Option<Duration> {
         let until = self.cooldown_until.load(Ordering::Relaxed);
         if until == 0 {

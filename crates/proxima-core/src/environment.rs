@@ -15,27 +15,36 @@ use serde::Serialize;
 /// A smoothed round-trip time to a node.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LatencyReading {
+    /// Round-trip time, smoothed by whoever measured it (the peer prober).
     pub rtt: Duration,
+    /// When it was measured; older than [`Environment::max_age`] counts as missing.
     pub at: Instant,
 }
 
 /// A node's resource usage as fractions of its allocatable capacity (0.0 ..= 1.0+).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Usage {
+    /// CPU in use ÷ allocatable CPU.
     pub cpu: f64,
+    /// Memory in use ÷ allocatable memory.
     pub ram: f64,
 }
 
+/// A node's usage and when it was read.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct UsageReading {
+    /// The usage itself.
     pub usage: Usage,
+    /// When it was read; older than [`Environment::max_age`] counts as missing.
     pub at: Instant,
 }
 
 /// Latency and usage per node name (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Environment {
+    /// Latest latency reading per node name, fresh or not (see [`Environment::latency`]).
     pub latency: HashMap<String, LatencyReading>,
+    /// Latest usage reading per node name, fresh or not (see [`Environment::usage`]).
     pub usage: HashMap<String, UsageReading>,
     /// Readings older than this are ignored.
     pub max_age: Duration,
@@ -72,11 +81,13 @@ impl Environment {
             .map(|r| r.usage)
     }
 
+    /// Record `rtt` to `node` as measured at `now`, replacing the previous reading.
     pub fn set_latency(&mut self, node: impl Into<String>, rtt: Duration, now: Instant) {
         self.latency
             .insert(node.into(), LatencyReading { rtt, at: now });
     }
 
+    /// Record `usage` of `node` as read at `now`, replacing the previous reading.
     pub fn set_usage(&mut self, node: impl Into<String>, usage: Usage, now: Instant) {
         self.usage
             .insert(node.into(), UsageReading { usage, at: now });

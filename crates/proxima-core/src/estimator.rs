@@ -85,6 +85,7 @@ fn meets_share(within: usize, samples: usize, percentile: f64) -> bool {
 }
 
 impl LatencyEstimator {
+    /// An empty estimator keeping the last `window` samples (at least 1).
     pub fn new(window: usize) -> Self {
         let window = window.max(1);
         Self {
@@ -97,6 +98,7 @@ impl LatencyEstimator {
         }
     }
 
+    /// How many samples the window keeps.
     pub fn window(&self) -> usize {
         self.window
     }
@@ -268,6 +270,8 @@ impl LatencyEstimator {
         })
     }
 
+    /// Exponentially weighted mean of the response times recorded (failures are not),
+    /// weight 0.3 for the newest, regardless of age; `None` before the first response.
     pub fn ewma(&self) -> Option<Duration> {
         self.ewma_us
             .map(|us| Duration::from_micros(us.round() as u64))

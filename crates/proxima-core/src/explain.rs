@@ -7,36 +7,55 @@ use serde::Serialize;
 use crate::endpoint::{Admission, EvictionCause};
 use crate::router::{Router, ServiceRoute};
 
+/// The `/debug/pools` document: this proxy's view of every node and service.
 #[derive(Debug, Serialize)]
 pub struct PoolsExplain {
+    /// This proxy's node (`--node-name`), if it knows it.
     pub node: Option<String>,
     /// What this proxy knows of every node: latency from here and resource usage.
     pub nodes: Vec<NodeExplain>,
+    /// Every routed service, sorted by namespace and name.
     pub services: Vec<ServiceExplain>,
 }
 
+/// One node as this proxy sees it; readings older than their max age show as `null`.
 #[derive(Debug, Serialize)]
 pub struct NodeExplain {
+    /// Node name, as in Kubernetes.
     pub name: String,
+    /// Zone (`topology.kubernetes.io/zone`), if known.
     pub zone: Option<String>,
     /// Smoothed round-trip time from this node (`null`: unknown or stale).
     pub rtt_ms: Option<f64>,
+    /// CPU in use as a fraction of the node's allocatable CPU (1.0 = all; may exceed it);
+    /// `null`: unknown or stale.
     pub cpu: Option<f64>,
+    /// Memory in use as a fraction of the node's allocatable memory (as `cpu`).
     pub ram: Option<f64>,
-    /// Age of the readings, ms.
+    /// Age of the latency reading, ms.
     pub rtt_age_ms: Option<f64>,
+    /// Age of the usage reading, ms.
     pub usage_age_ms: Option<f64>,
 }
 
+/// One service's settings, pool and endpoints.
 #[derive(Debug, Serialize)]
 pub struct ServiceExplain {
+    /// `name.namespace`, as clients name it in `x-service`.
     pub service: String,
+    /// The service's namespace.
     pub namespace: String,
+    /// The service's name.
     pub name: String,
+    /// Strategy in use (`strategy` setting).
     pub strategy: String,
+    /// The latency SLO, ms.
     pub latency_slo_ms: f64,
+    /// Percentile of responses that must meet the SLO (e.g. 95).
     pub slo_percentile: f64,
+    /// Endpoints in the QoS pool now.
     pub pool_size: usize,
+    /// Endpoints that may serve at all (ready, or terminating when nothing else is left).
     pub eligible: usize,
     /// True when only terminating endpoints are left to serve.
     pub only_terminating: bool,
@@ -44,34 +63,54 @@ pub struct ServiceExplain {
     pub failure_status: String,
     /// Endpoints out for consecutive failures, and how many may be at once.
     pub failure_ejected: usize,
+    /// Most endpoints that may be out for failures at once (`qos-pool-max-ejection-percent`).
     pub failure_ejection_cap: usize,
+    /// Settings rejected when read and problems found building the route, each once.
     pub warnings: Vec<String>,
+    /// Every endpoint, in discovery order.
     pub endpoints: Vec<EndpointExplain>,
 }
 
+/// One endpoint and why it is (not) in the pool.
 #[derive(Debug, Serialize)]
 pub struct EndpointExplain {
+    /// Endpoint id ([`crate::EndpointId`]: the pod name, or its IP when unnamed).
     pub id: String,
+    /// `ip:port` of its first port.
     pub address: String,
+    /// Node the endpoint runs on, if known.
     pub node: Option<String>,
+    /// Zone of the endpoint, if known.
     pub zone: Option<String>,
+    /// EndpointSlice condition `ready`.
     pub ready: bool,
+    /// EndpointSlice condition `serving`.
     pub serving: bool,
+    /// EndpointSlice condition `terminating`.
     pub terminating: bool,
+    /// Whether the endpoint is in the QoS pool now.
     pub in_pool: bool,
+    /// Its admission state: warming, admitted or evicted.
     pub admission: Admission,
     /// Why it is out of the pool: `latency`, `consecutive-failures`, or `null` when in.
     pub out_because: Option<EvictionCause>,
     /// One sentence: why it is (not) in the pool.
     pub reason: String,
+    /// Fresh samples in the estimator's window.
     pub samples: usize,
+    /// How many of those met the SLO.
     pub within_slo: usize,
     /// Predicted latency at the SLO percentile, ms (`null` without data or on failures).
     pub predicted_ms: Option<f64>,
+    /// Exponentially weighted mean latency, ms (`null` without samples).
     pub ewma_ms: Option<f64>,
+    /// Requests in flight to it now, through this proxy.
     pub in_flight: u32,
+    /// Attempts started on it since it was discovered ([`crate::EndpointState::requests`]).
     pub requests: u64,
+    /// Outcomes that counted as failures ([`crate::EndpointState::failures`]).
     pub failures: u64,
+    /// Failures in a row, reset by a success.
     pub consecutive_failures: u32,
     /// Share weight (1 = full; less during the slow start after re-admission).
     pub weight: f64,
@@ -79,6 +118,7 @@ pub struct EndpointExplain {
     pub flaps: u32,
     /// When the next probe is due, ms from now (evicted endpoints only).
     pub next_probe_ms: Option<f64>,
+    /// Time left before it may be picked again after connection failures, ms (`null`: none).
     pub cooldown_ms: Option<f64>,
 }
 

@@ -16,6 +16,8 @@
 //! * [`router`]: the lock-free routing table (each service's route and strategy).
 //! * [`retry_budget`]: the per-service budget that bounds retries.
 
+#![warn(missing_docs)]
+
 pub mod endpoint;
 pub mod environment;
 pub mod estimator;
@@ -31,8 +33,8 @@ pub use endpoint::{Admission, EndpointState, EvictionCause, InFlight, Outcome, P
 pub use environment::{Environment, Usage};
 pub use estimator::{LatencyEstimator, Prediction};
 pub use model::{
-    Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node, ServiceKey, ServicePort,
-    ServiceSpec, TrafficPolicy, Update,
+    is_dns_label, Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node, ServiceKey,
+    ServicePort, ServiceSpec, TrafficPolicy, Update,
 };
 pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};
 pub use route::{NodeGroup, NodeReadings, Route, RouteEndpoint};

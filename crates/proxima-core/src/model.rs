@@ -16,17 +16,39 @@ use crate::settings::ServiceSettings;
 /// `namespace/name` of a Service.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct ServiceKey {
+    /// The Service's namespace.
     pub namespace: String,
+    /// The Service's name within its namespace.
     pub name: String,
 }
 
 impl ServiceKey {
+    /// Namespace of a service named without one: in topology and scenario files, in the
+    /// demo, and (as `--default-namespace`'s default) in client requests. Kubernetes'
+    /// own default, so that the same names work with and without a cluster.
+    pub const DEFAULT_NAMESPACE: &'static str = "default";
+
+    /// The key of Service `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
         }
     }
+}
+
+/// Whether `name` is an RFC 1123 DNS label, the form of Kubernetes namespace, Service
+/// and Node names: 1 to 63 lower-case letters, digits and `-`, not starting or ending
+/// with `-`. Files and flags that name Kubernetes objects check names with it, so that
+/// what works without a cluster also works with one.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 impl fmt::Display for ServiceKey {
@@ -58,13 +80,18 @@ pub struct TrafficPolicy {
 /// A Service: identity, ports and the operator's routing settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServiceSpec {
+    /// Namespace and name: the service's identity.
     pub key: ServiceKey,
+    /// The Service's ports; endpoint ports are matched to them by name.
     pub ports: Vec<ServicePort>,
+    /// The `proxima.io/` settings (annotations or the topology file's `settings`).
     pub settings: ServiceSettings,
+    /// kube-proxy's topology fields, for the `kube-proxy` strategy.
     pub traffic: TrafficPolicy,
 }
 
 impl ServiceSpec {
+    /// A service with these ports and settings and no traffic policy.
     pub fn new(key: ServiceKey, ports: Vec<ServicePort>, settings: ServiceSettings) -> Self {
         Self {
             key,
@@ -79,8 +106,11 @@ impl ServiceSpec {
 /// `serving` but `terminating` pods may finish work and are used only when no pod is ready.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Conditions {
+    /// May take new traffic.
     pub ready: bool,
+    /// May answer requests (true for ready pods and, while they drain, terminating ones).
     pub serving: bool,
+    /// Being deleted: used only when no endpoint is ready.
     pub terminating: bool,
 }
 
@@ -97,14 +127,18 @@ impl Default for Conditions {
 /// A named port of an endpoint; `name` matches a [`ServicePort::name`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EndpointPort {
+    /// Port name; empty for an unnamed port.
     pub name: String,
+    /// Port number on the endpoint's IP.
     pub port: u16,
 }
 
 /// EndpointSlice topology hints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Hints {
+    /// Zones that should use this endpoint (`forZones`).
     pub for_zones: Vec<String>,
+    /// Nodes that should use this endpoint (`forNodes`).
     pub for_nodes: Vec<String>,
 }
 
@@ -117,12 +151,19 @@ pub type EndpointId = String;
 /// One pod (instance) of a service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Endpoint {
+    /// Name within the service; see [`EndpointId`].
     pub id: EndpointId,
+    /// The pod's IP.
     pub ip: IpAddr,
+    /// Its ports; see [`Endpoint::port`].
     pub ports: Vec<EndpointPort>,
+    /// Node the pod runs on, if known.
     pub node: Option<String>,
+    /// Zone of the pod (or of its node), if known.
     pub zone: Option<String>,
+    /// EndpointSlice conditions.
     pub conditions: Conditions,
+    /// EndpointSlice topology hints (for the `kube-proxy` strategy).
     pub hints: Hints,
 }
 
@@ -143,11 +184,13 @@ impl Endpoint {
         }
     }
 
+    /// The same endpoint, placed on `node`.
     pub fn on_node(mut self, node: impl Into<String>) -> Self {
         self.node = Some(node.into());
         self
     }
 
+    /// The same endpoint with these conditions.
     pub fn with_conditions(mut self, conditions: Conditions) -> Self {
         self.conditions = conditions;
         self
@@ -173,9 +216,13 @@ impl Endpoint {
 /// A cluster node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Node {
+    /// Node name.
     pub name: String,
+    /// Zone (`topology.kubernetes.io/zone`), if known.
     pub zone: Option<String>,
+    /// The node's labels (`proxima.io/admin-port` sets the port its peers probe).
     pub labels: BTreeMap<String, String>,
+    /// The node's addresses; peers probe the first (`/node/ping`).
     pub addresses: Vec<IpAddr>,
 }
 
@@ -192,10 +239,14 @@ pub enum Update {
     /// Replace everything; state of endpoints that remain (same service, id and IP) is
     /// kept.
     Reset {
+        /// Every node.
         nodes: Vec<Node>,
+        /// Every service with its complete endpoint set.
         services: Vec<(ServiceSpec, Vec<Endpoint>)>,
     },
+    /// Add or change a node.
     UpsertNode(Node),
+    /// Remove the node of this name.
     RemoveNode(String),
     /// Add or change a Service; its endpoints stay as they are.
     UpsertService(ServiceSpec),
@@ -203,16 +254,38 @@ pub enum Update {
     RemoveService(ServiceKey),
     /// Replace the full endpoint set of a service.
     SetEndpoints {
+        /// The service whose endpoints these are.
         service: ServiceKey,
+        /// Its complete endpoint set.
         endpoints: Vec<Endpoint>,
     },
     /// Add or change one endpoint.
     UpsertEndpoint {
+        /// The service the endpoint belongs to.
         service: ServiceKey,
+        /// The new or changed endpoint.
         endpoint: Endpoint,
     },
+    /// Remove one endpoint.
     RemoveEndpoint {
+        /// The service the endpoint belongs to.
         service: ServiceKey,
+        /// Id of the endpoint to remove.
         id: EndpointId,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_dns_label;
+
+    #[test]
+    fn dns_labels() {
+        for ok in ["default", "a", "shop-2", &"a".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok:?}");
+        }
+        for bad in ["", "-a", "a-", "Edge", "a_b", "a.b", "é", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+    }
 }

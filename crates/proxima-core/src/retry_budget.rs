@@ -153,6 +153,7 @@ impl RetryBudget {
         }
     }
 
+    /// The parameters the budget was made with.
     pub fn params(&self) -> &RetryBudgetParams {
         &self.params
     }

@@ -43,7 +43,10 @@ use crate::settings::ServiceSettings;
 /// An endpoint of a routed service: what discovery said, plus the live state.
 #[derive(Debug)]
 pub struct RouteEndpoint {
+    /// What discovery said about the endpoint.
     pub endpoint: Endpoint,
+    /// Its measurements and pool state, shared with the data plane (kept across updates
+    /// that keep its id and IP).
     pub state: Arc<EndpointState>,
 }
 
@@ -66,7 +69,9 @@ const NO_GROUP: u32 = u32::MAX;
 /// One service as routed (see the module docs).
 #[derive(Debug)]
 pub struct Route {
+    /// The service as discovered.
     pub spec: ServiceSpec,
+    /// Its endpoints in discovery order; indices into this are how the route names them.
     pub endpoints: Vec<RouteEndpoint>,
     eligible: Vec<usize>,
     pool: ArcSwap<Vec<usize>>,
@@ -133,10 +138,12 @@ impl Route {
         route
     }
 
+    /// The service's namespace and name.
     pub fn key(&self) -> &ServiceKey {
         &self.spec.key
     }
 
+    /// The service's settings.
     pub fn settings(&self) -> &ServiceSettings {
         &self.spec.settings
     }
@@ -391,7 +398,9 @@ impl NodeReadings {
 /// [`NodeReadings`] as returned by [`Route::node_readings`]: borrowed from the cache, or
 /// just computed.
 pub enum ReadingsRef {
+    /// Borrowed from the route's cache.
     Cached(Guard<Option<Arc<NodeReadings>>>),
+    /// Computed for this call (the cached ones were no longer valid).
     Computed(Arc<NodeReadings>),
 }
 

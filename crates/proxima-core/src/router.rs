@@ -11,7 +11,7 @@
 //! an update that keeps an endpoint keeps its measurements, in-flight count and
 //! cooldown), and two caches derived from the route, the environment and the time.
 //!
-//! An endpoint's state belongs to its name **and** address ([`StateKey`]): a pod
+//! An endpoint's state belongs to its name **and** address (`StateKey`): a pod
 //! recreated under the same name with a new IP (a StatefulSet pod rescheduled) is a
 //! new process, maybe on another node, and starts with no history, while a change of
 //! conditions, node, zone, hints or port keeps it.
@@ -40,6 +40,7 @@ use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 #[derive(Debug)]
 pub struct ServiceRoute {
     route: Route,
+    /// Picks among the route's endpoints; built from the `strategy` setting.
     pub strategy: Box<dyn Strategy>,
     /// Problems with the settings found by the router (an unknown strategy, invalid
     /// strategy parameters); the service runs on defaults for them.
@@ -114,23 +115,29 @@ impl ServiceRoute {
 pub struct Table {
     /// Looked up on every pick, so hashed with foldhash rather than SipHash.
     pub services: HashMap<ServiceKey, Arc<ServiceRoute>, foldhash::fast::RandomState>,
+    /// Every known node, by name.
     pub nodes: BTreeMap<String, Node>,
 }
 
 /// A port of the target service, as the client named it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PortRef<'a> {
+    /// A named port (`name:http`), matched against [`crate::ServicePort::name`].
     Name(&'a str),
+    /// A port number, matched against [`crate::ServicePort::port`].
     Number(u16),
 }
 
 /// Why no endpoint could be picked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PickError {
+    /// No service of that namespace and name is known.
     #[error("unknown service")]
     UnknownService,
+    /// The service has no port of that name or number.
     #[error("the service has no port {0}")]
     UnknownPort(String),
+    /// No endpoint may take traffic: none eligible, or the strategy found none.
     #[error("no ready endpoints")]
     NoEndpoints,
 }
@@ -139,9 +146,13 @@ pub enum PickError {
 /// dropped; report how the attempt went with [`Router::record`].
 #[derive(Debug)]
 pub struct Picked {
+    /// The service's route at the time of the pick.
     pub route: Arc<ServiceRoute>,
+    /// Index of the endpoint in [`Route::endpoints`].
     pub index: usize,
+    /// Address to connect to: the endpoint's IP and the port that was asked for.
     pub addr: SocketAddr,
+    /// Why the strategy chose it.
     pub reason: Reason,
     /// When it was picked: the start of the attempt.
     pub at: Instant,
@@ -156,10 +167,12 @@ impl Picked {
         self.overdue.load(Ordering::Relaxed)
     }
 
+    /// The endpoint as discovery described it.
     pub fn endpoint(&self) -> &Endpoint {
         &self.route.endpoints[self.index].endpoint
     }
 
+    /// The endpoint's measurements and pool state.
     pub fn state(&self) -> &Arc<EndpointState> {
         &self.route.endpoints[self.index].state
     }
@@ -169,12 +182,17 @@ impl Picked {
 /// it with [`Router::finish_probe`]; dropping it unreported frees the claim.
 #[derive(Debug)]
 pub struct ProbeTicket {
+    /// The service the endpoint belongs to.
     pub service: ServiceKey,
+    /// The endpoint's id.
     pub id: EndpointId,
+    /// Address to probe.
     pub addr: SocketAddr,
     /// `GET` of this path, unless `shape` asks for the service's traffic.
     pub path: String,
+    /// Whether to send `GET path` or replay a recent request of the service.
     pub shape: ProbeShape,
+    /// Time limit of the probe: the service's `timeout`, at most 10 × its latency SLO.
     pub timeout: Duration,
     settings: ServiceSettings,
     state: Arc<EndpointState>,
@@ -238,6 +256,7 @@ impl Router {
         Self::with_registry(local_node, StrategyRegistry::default())
     }
 
+    /// A router for a proxy on `local_node`, building strategies from `registry`.
     pub fn with_registry(local_node: Option<String>, registry: StrategyRegistry) -> Self {
         Self {
             table: ArcSwap::from_pointee(Table::default()),
@@ -272,10 +291,12 @@ impl Router {
         }
     }
 
+    /// The node this proxy runs on, if known.
     pub fn local_node(&self) -> Option<&str> {
         self.local_node.as_deref()
     }
 
+    /// The strategies this router can build.
     pub fn registry(&self) -> &StrategyRegistry {
         &self.registry
     }

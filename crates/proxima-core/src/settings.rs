@@ -30,6 +30,8 @@ pub struct QosPoolParams {
     /// Interval between probes of an endpoint outside the pool while they succeed; it
     /// doubles up to `probe_max_interval` while they keep missing.
     pub probe_interval: Duration,
+    /// `qos-pool-probe-max-interval`: the longest wait between probes of an evicted
+    /// endpoint that keeps missing.
     pub probe_max_interval: Duration,
     /// Path of the background probe request (`GET`), when probes are not shaped like
     /// the service's traffic or no such traffic was seen.
@@ -103,6 +105,7 @@ pub struct ServiceSettings {
     /// `retry-budget-*`: how many retries the service may add to its requests (see
     /// [`crate::retry_budget`]).
     pub retry_budget: RetryBudgetParams,
+    /// `qos-pool-*`: how the QoS pool admits, evicts and probes endpoints.
     pub qos_pool: QosPoolParams,
     /// Every `<strategy>-<param>` key not known here, for strategy plugins.
     pub params: BTreeMap<String, String>,
@@ -134,12 +137,16 @@ impl Default for ServiceSettings {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize)]
 #[error("invalid value {value:?} for `{key}`: expected {expected}; using the default")]
 pub struct SettingError {
+    /// The setting's key, without the `proxima.io/` prefix.
     pub key: String,
+    /// The value as given.
     pub value: String,
+    /// What would have been accepted, e.g. `a duration such as 2s`.
     pub expected: String,
 }
 
 impl SettingError {
+    /// The error for `key = value`, which should have been `expected`.
     pub fn new(key: &str, value: &str, expected: impl Into<String>) -> Self {
         Self {
             key: key.to_string(),
@@ -428,6 +435,7 @@ impl StatusSet {
         })
     }
 
+    /// Whether `status` falls in one of the set's ranges.
     pub fn contains(&self, status: u16) -> bool {
         self.ranges
             .iter()

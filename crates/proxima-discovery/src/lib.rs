@@ -1,12 +1,15 @@
 //! Discovery sources: where the router learns which services and endpoints exist.
 //!
 //! A source turns the outside world into [`proxima_core::Update`]s for the
-//! [`Router`](proxima_core::Router). Today there is one source:
+//! [`Router`](proxima_core::Router). This crate holds the file source; the Kubernetes
+//! source is the `proxima-k8s` crate (`--discovery kube`).
 //!
-//! * [`file`]: a YAML topology file, polled for changes. It is the embedded default for
-//!   a proxy without a cluster (`proxima demo`, tests, small static setups), and its
-//!   service settings use the same keys as the `proxima.io/<key>` Service annotations of
-//!   the Kubernetes source that will come next.
+//! * [`file`](mod@file): a YAML topology file, polled for changes (`--discovery file:PATH`). It is
+//!   the source of a proxy without a cluster (`proxima demo`, tests, small static
+//!   setups), and its service settings use the same keys as the `proxima.io/<key>`
+//!   Service annotations of the Kubernetes source.
+
+#![warn(missing_docs)]
 
 pub mod file;
 

@@ -15,6 +15,8 @@
 //!   source's address from a live [`DelayMatrix`], so one listener can sit at
 //!   different distances from different emulated nodes.
 
+#![warn(missing_docs)]
+
 mod backend;
 mod delay_link;
 mod gate;

@@ -26,11 +26,24 @@ pub enum ProcessingTime {
     /// Always the same time.
     Constant(Duration),
     /// Uniform in `min..=max`.
-    Uniform { min: Duration, max: Duration },
+    Uniform {
+        /// The shortest time drawn.
+        min: Duration,
+        /// The longest time drawn.
+        max: Duration,
+    },
     /// Normal with this mean and standard deviation; negative draws become zero.
-    Normal { mean: Duration, std_dev: Duration },
+    Normal {
+        /// The mean.
+        mean: Duration,
+        /// The standard deviation.
+        std_dev: Duration,
+    },
     /// Exponential with this mean (memoryless service, as in an M/M/c queue).
-    Exponential { mean: Duration },
+    Exponential {
+        /// The mean (1/λ).
+        mean: Duration,
+    },
 }
 
 impl Default for ProcessingTime {
@@ -195,6 +208,7 @@ impl Cpu {
         }))
     }
 
+    /// Its number of cores: how many requests of all its pods are processed at once.
     pub fn cores(&self) -> usize {
         self.0.cores
     }

@@ -44,16 +44,22 @@ impl K8sConfig {
 /// Why discovery could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The named kubeconfig could not be read or used.
     #[error("cannot read kubeconfig {path}: {source}")]
     Kubeconfig {
+        /// The kubeconfig file.
         path: String,
+        /// What was wrong with it.
         #[source]
         source: kube::config::KubeconfigError,
     },
+    /// No kubeconfig was named, and neither `KUBECONFIG`, `~/.kube/config` nor an
+    /// in-cluster service account gave a configuration.
     #[error(
         "cannot find a Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster): {0}"
     )]
     Infer(#[from] kube::config::InferConfigError),
+    /// The configuration was found but no client could be built from it.
     #[error("cannot build a Kubernetes client: {0}")]
     Client(#[from] kube::Error),
 }

@@ -41,6 +41,7 @@ const LEGACY_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 /// matching `selector` unless annotated `"false"`.
 #[derive(Clone, Debug, Default)]
 pub struct OptIn {
+    /// Also route Services whose labels match this; `None`: the annotation alone decides.
     pub selector: Option<LabelSelector>,
 }
 

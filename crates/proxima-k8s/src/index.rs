@@ -35,23 +35,31 @@ use crate::convert::{self, OptIn, ServiceInfo, SliceInfo, SliceKey};
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Watched {
+    /// An event of a Services stream.
     Service(Event<core::Service>),
+    /// An event of an EndpointSlices stream.
     EndpointSlice(Event<discovery::EndpointSlice>),
+    /// An event of the Nodes stream.
     Node(Event<core::Node>),
 }
 
 /// The kinds of objects discovery watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
+    /// `v1` Service.
     Service,
+    /// `discovery.k8s.io/v1` EndpointSlice.
     EndpointSlice,
+    /// `v1` Node (cluster-wide).
     Node,
 }
 
 /// A watch stream: one kind, in one namespace or (`None`) in all of them.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Stream {
+    /// The kind of objects it watches.
     pub kind: Kind,
+    /// The namespace it watches, or `None` for all of them.
     pub namespace: Option<String>,
 }
 
@@ -64,6 +72,7 @@ impl Stream {
 /// What the index watches and routes.
 #[derive(Clone, Debug, Default)]
 pub struct IndexConfig {
+    /// Which Services are routed.
     pub opt_in: OptIn,
     /// Namespaces to watch; empty means all.
     pub namespaces: Vec<String>,
@@ -96,6 +105,7 @@ impl IndexConfig {
 /// Invalid settings of one Service, to be logged and published as an Event.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SettingProblem {
+    /// The Service.
     pub service: ServiceKey,
     /// The Service's uid, for the Event's object reference.
     pub uid: Option<String>,
@@ -106,7 +116,9 @@ pub struct SettingProblem {
 /// The outcome of one event.
 #[derive(Clone, Debug, Default)]
 pub struct Changes {
+    /// What the router must apply, in order.
     pub updates: Vec<Update>,
+    /// Invalid settings found, each reported once.
     pub problems: Vec<SettingProblem>,
 }
 

@@ -10,11 +10,13 @@
 //!   "true"` or a label selector) and parses settings with
 //!   [`proxima_core::ServiceSettings::from_annotations`].
 //! * [`run`] / [`KubeDiscovery`] (thin runtime): kube-runtime watchers with a short
-//!   jittered backoff of about a second at most, not kube-runtime's 30 s default (a
-//!   vanished API server is retried, an expired resourceVersion re-lists), each in a
-//!   `watcher` span, feeding the index and the router; reports invalid annotations as warnings and
-//!   Kubernetes Events (reason `InvalidAnnotation`); exposes API connectivity through
-//!   [`ApiStatus`].
+//!   jittered backoff (backon's, 0.7–1.4 s apart at its cap), not kube-runtime's 30 s
+//!   default (a vanished API server is retried, an expired resourceVersion re-lists),
+//!   each in a `watcher` span, feeding the index and the router; reports invalid
+//!   annotations as warnings and Kubernetes Events (reason `InvalidAnnotation`); exposes
+//!   API connectivity through [`ApiStatus`].
+
+#![warn(missing_docs)]
 
 mod config;
 mod convert;

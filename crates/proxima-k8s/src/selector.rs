@@ -27,7 +27,9 @@ enum Requirement {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid label selector {selector:?}: {reason} (expected comma-separated key=value, key!=value, key or !key)")]
 pub struct SelectorError {
+    /// The selector as given.
     pub selector: String,
+    /// What is wrong with it.
     pub reason: String,
 }
 

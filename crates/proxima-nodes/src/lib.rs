@@ -58,6 +58,8 @@
 //! See [`metrics`]: `proxima_node_rtt_seconds`, `proxima_node_cpu_usage`,
 //! `proxima_node_ram_usage` and `proxima_peer_probe_failures_total`, all by `node`.
 
+#![warn(missing_docs)]
+
 pub mod metrics;
 pub mod metrics_server;
 pub mod ping;

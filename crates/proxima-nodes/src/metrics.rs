@@ -103,39 +103,30 @@ impl NodeGauges {
     /// Set the gauges from `env`'s fresh readings; remove the series of stale ones.
     pub fn refresh(&self, env: &Environment, now: Instant) {
         let mut labelled = self.labelled();
-        let fresh_rtt: BTreeSet<String> = env
-            .latency
-            .keys()
-            .filter(|node| env.latency(node, now).is_some())
-            .cloned()
-            .collect();
-        for node in &fresh_rtt {
-            if let Some(rtt) = env.latency(node, now) {
-                self.rtt.with_label_values(&[node]).set(rtt.as_secs_f64());
-            }
-        }
-        for gone in labelled.rtt.difference(&fresh_rtt) {
-            let _ = self.rtt.remove_label_values(&[gone]);
-        }
-        labelled.rtt = fresh_rtt;
-
-        let fresh_usage: BTreeSet<String> = env
-            .usage
-            .keys()
-            .filter(|node| env.usage(node, now).is_some())
-            .cloned()
-            .collect();
-        for node in &fresh_usage {
-            if let Some(usage) = env.usage(node, now) {
+        labelled.rtt = publish_fresh(
+            env.latency
+                .keys()
+                .filter_map(|node| Some((node, env.latency(node, now)?))),
+            &labelled.rtt,
+            |node, rtt| self.rtt.with_label_values(&[node]).set(rtt.as_secs_f64()),
+            |gone| {
+                let _ = self.rtt.remove_label_values(&[gone]);
+            },
+        );
+        labelled.usage = publish_fresh(
+            env.usage
+                .keys()
+                .filter_map(|node| Some((node, env.usage(node, now)?))),
+            &labelled.usage,
+            |node, usage| {
                 self.cpu.with_label_values(&[node]).set(usage.cpu);
                 self.ram.with_label_values(&[node]).set(usage.ram);
-            }
-        }
-        for gone in labelled.usage.difference(&fresh_usage) {
-            let _ = self.cpu.remove_label_values(&[gone]);
-            let _ = self.ram.remove_label_values(&[gone]);
-        }
-        labelled.usage = fresh_usage;
+            },
+            |gone| {
+                let _ = self.cpu.remove_label_values(&[gone]);
+                let _ = self.ram.remove_label_values(&[gone]);
+            },
+        );
     }
 
     /// Drop the failure counters of nodes for which `keep` is false (nodes that left).
@@ -149,6 +140,26 @@ impl NodeGauges {
             kept
         });
     }
+}
+
+/// A node's series exist exactly while its reading is fresh: `set` every node of
+/// `fresh`, `remove` the series of the nodes in `labelled` that are no longer in it,
+/// and return the nodes now labelled.
+fn publish_fresh<'n, T>(
+    fresh: impl Iterator<Item = (&'n String, T)>,
+    labelled: &BTreeSet<String>,
+    set: impl Fn(&str, T),
+    remove: impl Fn(&str),
+) -> BTreeSet<String> {
+    let mut now_labelled = BTreeSet::new();
+    for (node, reading) in fresh {
+        set(node, reading);
+        now_labelled.insert(node.clone());
+    }
+    for gone in labelled.difference(&now_labelled) {
+        remove(gone);
+    }
+    now_labelled
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub const NODE_METRICS_PATH: &str = "/apis/metrics.k8s.io/v1beta1/nodes";
 /// `metadata` of a metrics object: only the name is needed.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct MetricsMeta {
+    /// The object's name: the node's.
     #[serde(default)]
     pub name: Option<String>,
 }
@@ -46,10 +47,13 @@ pub struct MetricsMeta {
 /// One `NodeMetrics` object of metrics.k8s.io/v1beta1.
 #[derive(Clone, Debug, Deserialize)]
 pub struct NodeMetrics {
+    /// Names the node.
     #[serde(default)]
     pub metadata: MetricsMeta,
+    /// When the usage was measured (RFC 3339), as metrics-server says.
     #[serde(default)]
     pub timestamp: Option<String>,
+    /// The window the usage was averaged over (e.g. `10s`).
     #[serde(default)]
     pub window: Option<String>,
     /// `cpu` and `memory` quantities.
@@ -60,6 +64,7 @@ pub struct NodeMetrics {
 /// A `NodeMetricsList`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct NodeMetricsList {
+    /// One object per node that has metrics.
     #[serde(default)]
     pub items: Vec<NodeMetrics>,
 }
@@ -67,7 +72,9 @@ pub struct NodeMetricsList {
 /// What a node offers to pods: CPU in cores, memory in bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Allocatable {
+    /// Allocatable CPU, in cores.
     pub cpu: f64,
+    /// Allocatable memory, in bytes.
     pub memory: f64,
 }
 
@@ -121,10 +128,19 @@ pub fn fractions(
 /// Why a poll failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsServerError {
+    /// metrics.k8s.io answered that it cannot serve: not installed, not allowed, or
+    /// its backend down.
     #[error("metrics.k8s.io is not available ({code} {message}): is metrics-server installed and running, and may this proxy list nodes.metrics.k8s.io?")]
-    Unavailable { code: u16, message: String },
+    Unavailable {
+        /// The API server's status code (403, 404 or 503).
+        code: u16,
+        /// Its message.
+        message: String,
+    },
+    /// Any other API error.
     #[error("cannot read node metrics: {0}")]
     Api(#[from] kube::Error),
+    /// No answer within the poll's time limit.
     #[error("no answer from the API server within {0:?}")]
     Timeout(Duration),
 }
@@ -154,6 +170,17 @@ pub struct MetricsServerSource {
     node_refresh: Duration,
     allocatable: HashMap<String, Allocatable>,
     listed_nodes_at: Option<Instant>,
+}
+
+/// `exchange` (one poll, or one Node listing) bounded by `timeout`: an aggregated API
+/// whose backend is unreachable can keep a request open for minutes.
+async fn within<T>(
+    timeout: Duration,
+    exchange: impl std::future::Future<Output = Result<T, MetricsServerError>>,
+) -> Result<T, MetricsServerError> {
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| MetricsServerError::Timeout(timeout))?
 }
 
 impl std::fmt::Debug for MetricsServerSource {
@@ -214,10 +241,7 @@ impl MetricsServerSource {
     /// Read node metrics once and publish the usage of every node it covers; returns how
     /// many nodes got a reading.
     pub async fn poll(&mut self) -> Result<usize, MetricsServerError> {
-        let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.poll_unbounded())
-            .await
-            .map_err(|_| MetricsServerError::Timeout(timeout))?
+        within(self.timeout, self.poll_unbounded()).await
     }
 
     async fn poll_unbounded(&mut self) -> Result<usize, MetricsServerError> {
@@ -256,10 +280,7 @@ impl MetricsServerSource {
 
     /// List the Nodes and keep their allocatable resources; returns how many have them.
     pub async fn refresh_allocatable(&mut self) -> Result<usize, MetricsServerError> {
-        let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.list_nodes())
-            .await
-            .map_err(|_| MetricsServerError::Timeout(timeout))?
+        within(self.timeout, self.list_nodes()).await
     }
 
     async fn list_nodes(&mut self) -> Result<usize, MetricsServerError> {

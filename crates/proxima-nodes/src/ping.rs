@@ -28,7 +28,9 @@ use crate::usage::{is_plausible, FixedUsage, UsageSource};
 /// Usage as it travels in ping replies and `PUT /node/usage` bodies.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WireUsage {
+    /// CPU in use ÷ allocatable.
     pub cpu: f64,
+    /// Memory in use ÷ allocatable.
     pub ram: f64,
 }
 
@@ -55,9 +57,12 @@ impl From<WireUsage> for Usage {
 pub struct PingReply {
     /// The answering proxy's node name (`null` if it was not told).
     pub node: Option<String>,
+    /// The node's usage, `null` when unknown.
     pub usage: Option<WireUsage>,
+    /// How old `usage` is, ms (so the prober can date the reading).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_age_ms: Option<u64>,
+    /// The answering node's wall clock, ms since the Unix epoch (for people reading it).
     #[serde(default)]
     pub at_ms: u64,
 }
@@ -74,8 +79,10 @@ pub struct LocalNode {
 /// Why `PUT /node/usage` was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OverrideError {
+    /// The proxy was started without `--allow-usage-override`.
     #[error("usage overrides are off (start the proxy with --allow-usage-override)")]
     NotAllowed,
+    /// The body is neither usage fractions nor `null`: why.
     #[error("expected {{\"cpu\": fraction, \"ram\": fraction}} or null: {0}")]
     Invalid(String),
 }

@@ -13,7 +13,7 @@
 //!    peer whose last reading expired starts again from the sample), dated when the
 //!    reply arrived. A reply from a proxy that says it runs on another node is a
 //!    failure: the address or port is wrong, and its usage must not be misattributed;
-//! 5. the readings are published into the router's [`Environment`] in one update,
+//! 5. the readings are published into the router's [`Environment`](proxima_core::Environment) in one update,
 //!    together with the peers' reported usage and this node's own usage when peer
 //!    reports are the usage source ([`PeerUsage`]), and expired readings are dropped.
 //!
@@ -113,16 +113,22 @@ impl PeerUsage {
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// No whole reply within the probe's time limit (connect included).
     #[error("no reply within {0:?}")]
     Timeout(Duration),
+    /// The TCP connect failed.
     #[error("cannot connect: {0}")]
     Connect(#[source] io::Error),
+    /// The HTTP exchange failed.
     #[error("HTTP error: {0}")]
     Http(#[from] hyper::Error),
+    /// The peer answered with a status other than 200.
     #[error("answered {0}")]
     Status(StatusCode),
+    /// The reply body is not a ping reply.
     #[error("unreadable reply: {0}")]
     Reply(String),
+    /// The proxy that answered names another node than the one probed (a stale address).
     #[error("the proxy there runs on node {0:?}")]
     WrongNode(String),
 }
@@ -132,6 +138,7 @@ pub enum ProbeError {
 pub struct Answer {
     /// Request sent to reply read.
     pub rtt: Duration,
+    /// What the peer said.
     pub reply: PingReply,
     /// When the reply was read.
     pub received: Instant,
@@ -226,6 +233,7 @@ pub struct RoundReport {
     pub probed: Vec<String>,
     /// Peers that answered, with their smoothed round-trip time.
     pub answered: Vec<(String, Duration)>,
+    /// Peers that did not answer, and why.
     pub failed: Vec<(String, ProbeError)>,
 }
 

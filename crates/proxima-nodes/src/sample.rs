@@ -27,6 +27,7 @@ pub const ADMIN_PORT_LABEL: &str = "proxima.io/admin-port";
 /// A node the prober can reach.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
+    /// Node name.
     pub node: String,
     /// The node's first address and its proxy's admin port.
     pub addr: SocketAddr,
@@ -37,7 +38,9 @@ pub struct Peer {
 /// What the prober remembers of a peer's probes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeHistory {
+    /// When it was last probed.
     pub last_attempt: Option<Instant>,
+    /// When it last answered.
     pub last_success: Option<Instant>,
 }
 

@@ -30,6 +30,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::conn::InFlight;
 use crate::metrics::{EndpointMetrics, ErrorKind};
 use crate::pool::Lease;
+use crate::request_body::PolledFrame;
 
 /// What to do once a pod's response body has been streamed.
 #[derive(Debug)]
@@ -127,10 +128,7 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Upstream { body, finish } => {

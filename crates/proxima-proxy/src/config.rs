@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use http::HeaderName;
+use proxima_core::ServiceKey;
 
 /// How the proxy listens, names services and manages connections.
 #[derive(Clone, Debug)]
@@ -70,7 +71,7 @@ impl Default for ProxyConfig {
     fn default() -> Self {
         Self {
             service_header: HeaderName::from_static("x-service"),
-            default_namespace: "default".to_string(),
+            default_namespace: ServiceKey::DEFAULT_NAMESPACE.to_string(),
             cluster_domain: "cluster.local".to_string(),
             max_header_bytes: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),

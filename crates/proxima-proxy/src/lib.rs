@@ -24,6 +24,8 @@
 //! * `workers`: serving on worker threads with a single-threaded runtime each
 //!   ([`serve_on_workers`]).
 
+#![warn(missing_docs)]
+
 mod body;
 mod config;
 mod conn;
@@ -82,6 +84,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy routing with `router`, counting into `metrics`. Inside a tokio runtime it
+    /// also starts the stall meter (a task measuring the proxy's own scheduling lag);
+    /// outside one, stalls are not measured.
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, config: ProxyConfig) -> Arc<Self> {
         let pool = Arc::new(ConnPool::new(
             config.pool_idle_timeout,
@@ -123,14 +128,17 @@ impl Proxy {
         workers::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
     }
 
+    /// The routing table it picks from.
     pub fn router(&self) -> &Arc<Router> {
         &self.router
     }
 
+    /// Its metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
+    /// The settings it was made with.
     pub fn config(&self) -> &ProxyConfig {
         &self.config
     }

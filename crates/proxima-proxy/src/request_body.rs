@@ -10,6 +10,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+/// What `poll_frame` returns for the bodies the proxy moves: hyper's frames of bytes
+/// and its errors. One name so that every body of the proxy has the same signature.
+pub(crate) type PolledFrame = Poll<Option<Result<Frame<Bytes>, hyper::Error>>>;
+
 /// Body of a request on its way to a pod: the client's body, or nothing (requests
 /// without a body, and replays of them).
 #[derive(Debug)]
@@ -22,10 +26,7 @@ impl Body for RequestBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
         match self.get_mut() {
             RequestBody::Client(body) => Pin::new(body).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),

@@ -16,7 +16,7 @@
 //! and compared in lower case; a trailing dot (`….cluster.local.`) is accepted.
 //!
 //! Parsing is pure and allocation-free ([`split_target`]); only building the
-//! [`ServiceKey`] allocates, and [`TargetCache`] skips even that while a connection keeps
+//! [`ServiceKey`] allocates, and `TargetCache` skips even that while a connection keeps
 //! naming the same service, as clients of one service do.
 
 use std::sync::Arc;
@@ -36,8 +36,10 @@ pub enum TargetSource {
 /// Why a request names no routable service (answered with `400`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
+    /// No service header and no usable `Host`.
     #[error("the request names no service")]
     Missing,
+    /// The name cannot be a service: the reason.
     #[error("{0}")]
     Invalid(&'static str),
 }
@@ -45,8 +47,11 @@ pub enum TargetError {
 /// The parts of a target, borrowed from the header value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TargetParts<'a> {
+    /// Service name.
     pub name: &'a str,
+    /// Namespace, when the target named one.
     pub namespace: Option<&'a str>,
+    /// Port, when the target named one (a name only in the service header).
     pub port: Option<PortRef<'a>>,
 }
 

@@ -61,6 +61,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind as written in the report and CSV files.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Status => "status",
@@ -71,6 +72,7 @@ impl ErrorKind {
 }
 
 impl RequestRecord {
+    /// Whether a 2xx answer arrived within the client's timeout.
     pub fn succeeded(&self) -> bool {
         self.error().is_none()
     }
@@ -207,26 +209,37 @@ impl Sequencer {
 /// Totals for the progress line, updated by every client.
 #[derive(Debug, Default)]
 pub struct Live {
+    /// Requests answered or failed so far.
     pub done: AtomicU64,
+    /// Of those, the failed ones.
     pub errors: AtomicU64,
+    /// Of those, the ones that met their service's SLO.
     pub slo_met: AtomicU64,
+    /// Sum of their response times, µs (for the mean).
     pub latency_us: AtomicU64,
 }
 
 /// Everything a client needs while it runs.
 pub struct ClientRun {
+    /// Index of the client in [`crate::Scenario::clients`].
     pub index: u16,
+    /// The client as the scenario describes it.
     pub spec: ClientSpec,
     /// `name.namespace` of its service.
     pub service: String,
+    /// Its service's latency SLO, to count `slo_met`.
     pub slo: Duration,
     /// Where to send (the client's link to its node's proxy).
     pub target: SocketAddr,
+    /// Numbers the requests over all clients and fires count-triggered events.
     pub sequencer: Arc<Sequencer>,
+    /// The totals for the progress line.
     pub live: Arc<Live>,
     /// Instance name to index.
     pub instances: Arc<HashMap<String, u16>>,
+    /// When the traffic started: records count time from here.
     pub started: Instant,
+    /// Becomes `true` when the run stops.
     pub stop: watch::Receiver<bool>,
 }
 

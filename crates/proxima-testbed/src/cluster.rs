@@ -100,8 +100,11 @@ impl DiscoveryMode {
 /// One running node.
 #[derive(Debug)]
 pub struct NodeRuntime {
+    /// Node name.
     pub name: String,
+    /// The node's address in the emulated network.
     pub ip: IpAddr,
+    /// The routing table of the node's proxy (pools, node readings).
     pub router: Arc<Router>,
     /// Where the node's proxy listens (clients reach it through their own link).
     pub proxy: SocketAddr,
@@ -144,6 +147,7 @@ pub struct Cluster {
     scenario: Scenario,
     /// Settings of each service for this run (scenario settings + strategy).
     settings: Vec<Vec<(String, String)>>,
+    /// Every node, in scenario order.
     pub nodes: Vec<NodeRuntime>,
     delays: Arc<DelayMatrix>,
     state: Arc<Mutex<State>>,
@@ -1157,7 +1161,7 @@ fn check_kube_names(scenario: &Scenario) -> Result<(), TestbedError> {
                 .map(|s| ("namespace", &s.namespace)),
         );
     for (what, name) in names {
-        if !crate::k8s::valid_name(name) {
+        if !proxima_core::is_dns_label(name) {
             return Err(TestbedError::Invalid(format!(
                 "--kube: {what} name {name:?} is not a valid Kubernetes name \
                  (lowercase letters, digits and '-', at most 63)"

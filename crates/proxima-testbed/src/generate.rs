@@ -20,9 +20,13 @@ use rand::{Rng, SeedableRng};
 /// What to generate.
 #[derive(Clone, Copy, Debug)]
 pub struct GenerateOptions {
+    /// Nodes, 2 to 250.
     pub nodes: usize,
+    /// Regions the nodes are spread over, 1 to `nodes`.
     pub regions: usize,
+    /// Services, 1 to 20.
     pub services: usize,
+    /// Seed of every random choice, so the same options give the same file.
     pub seed: u64,
     /// How long the clients send, in seconds.
     pub duration_s: u64,

@@ -22,14 +22,17 @@ pub const NOISY_LAG_P99: Duration = Duration::from_millis(5);
 /// What the host did during a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct HostReport {
-    /// How late the runtime woke a 1 ms ticker (ms): median, p99, maximum.
+    /// How late the runtime woke a 1 ms ticker, median, ms.
     pub lag_p50_ms: f64,
+    /// The same lateness at the 99th percentile, ms (what [`NOISY_LAG_P99`] judges).
     pub lag_p99_ms: f64,
+    /// The largest lateness seen, ms.
     pub lag_max_ms: f64,
     /// Wake-ups measured.
     pub lag_samples: u64,
-    /// The host's 1-minute load average: at the start, and the highest seen.
+    /// The host's 1-minute load average when the run started (`None`: unknown).
     pub load_start: Option<f64>,
+    /// The highest 1-minute load average seen during the run.
     pub load_max: Option<f64>,
     /// Cores the process may use.
     pub cpus: usize,
@@ -68,6 +71,7 @@ pub struct HostSampler {
 }
 
 impl HostSampler {
+    /// Start sampling: a 1 ms ticker's lateness, and the load average once a second.
     pub fn start() -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let load_start = load_average();
@@ -99,6 +103,7 @@ impl HostSampler {
         }
     }
 
+    /// Stop sampling and summarise what was measured.
     pub async fn finish(self) -> HostReport {
         let _ = self.stop.send(true);
         let (lags, loads) = self.task.await.unwrap_or_default();

@@ -77,30 +77,25 @@ impl ControlPlane {
     }
 }
 
-/// A valid Kubernetes object name (RFC 1123 label: what Services and the testbed's
-/// Node names must be).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 /// A node as published.
 pub struct NodeObject<'a> {
+    /// Node name.
     pub name: &'a str,
+    /// Zone, published as the `topology.kubernetes.io/zone` label.
     pub zone: Option<&'a str>,
+    /// The node's InternalIP (where its proxy listens).
     pub ip: IpAddr,
+    /// Its proxy's admin port, published as the `proxima.io/admin-port` label.
     pub admin_port: u16,
 }
 
 /// A service as published.
 pub struct ServiceObject<'a> {
+    /// Service name.
     pub name: &'a str,
+    /// Service namespace.
     pub namespace: &'a str,
+    /// `key = value` settings, published as `proxima.io/<key>` annotations.
     pub settings: &'a [(String, String)],
 }
 
@@ -110,12 +105,17 @@ pub struct ServiceObject<'a> {
 pub struct SliceObject {
     /// Slice name (unique in the namespace).
     pub name: String,
+    /// Namespace of the slice and its service.
     pub namespace: String,
+    /// Name of the service it belongs to.
     pub service: String,
     /// The instance name: the endpoint's id (`targetRef`), as in file discovery.
     pub instance: String,
+    /// The instance's address, as the proxies reach it.
     pub addr: SocketAddr,
+    /// Node the instance runs on.
     pub node: String,
+    /// Zone of that node.
     pub zone: Option<String>,
 }
 
@@ -123,7 +123,7 @@ pub struct SliceObject {
 #[derive(Clone)]
 pub struct Publisher {
     client: Client,
-    /// EndpointSlices written and not deleted: (namespace, name).
+    /// EndpointSlices written and not deleted.
     slices: std::sync::Arc<tokio::sync::Mutex<BTreeSet<SliceObject>>>,
     nodes: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     services: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
@@ -161,6 +161,7 @@ where
 }
 
 impl Publisher {
+    /// A publisher that writes through `client` and has written nothing yet.
     pub fn new(client: Client) -> Self {
         Self {
             client,
@@ -170,6 +171,7 @@ impl Publisher {
         }
     }
 
+    /// The client it writes through.
     pub fn client(&self) -> Client {
         self.client.clone()
     }

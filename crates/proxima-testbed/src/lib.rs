@@ -18,6 +18,8 @@
 //! `docs/results/` follow QEdgeProxy (Čilić et al., §V), proxy-mity (Fahs & Pierre,
 //! §IV), RAP (Nguyen et al., §5) and local scheduling in KubeEdge (Kim et al., §5.4).
 
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod cluster;
 pub mod firewall;
@@ -43,18 +45,26 @@ pub use stats::{RunReport, Summary};
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TestbedError {
+    /// The scenario file is invalid.
     #[error(transparent)]
     Scenario(#[from] ScenarioError),
+    /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What went wrong.
         #[source]
         source: std::io::Error,
     },
+    /// Sockets, namespaces, links or the Kubernetes control plane could not be set up.
     #[error("network setup failed: {0}")]
     Net(String),
+    /// The run asked for something the cluster cannot do (an unknown instance, a topology
+    /// the proxy's discovery rejects).
     #[error("{0}")]
     Invalid(String),
+    /// A plot could not be drawn.
     #[error("plot: {0}")]
     Plot(String),
 }
@@ -71,7 +81,9 @@ impl TestbedError {
 /// One run to do: a variant of the scenario with one strategy.
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// The checked scenario of the variant.
     pub scenario: Scenario,
+    /// The strategy to run it with.
     pub strategy: StrategySpec,
 }
 

@@ -66,6 +66,26 @@ fn err(e: impl std::fmt::Display) -> TestbedError {
     TestbedError::Plot(e.to_string())
 }
 
+/// The legend of every chart: top right, on a translucent white box so that the
+/// series under it stay visible.
+fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    font_size: u32,
+) -> Result<(), TestbedError>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", font_size))
+        .draw()
+        .map_err(err)
+}
+
 /// Distinct colours for strategies, in order.
 fn colour(i: usize) -> RGBColor {
     const PALETTE: &[RGBColor] = &[
@@ -221,15 +241,7 @@ fn bars(
             .label(label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    draw_legend(&mut chart, 13)
 }
 
 /// One panel per service: its instances' requests, one bar per strategy. Requests
@@ -664,15 +676,7 @@ fn lines(
             .draw_series(points.into_iter().map(|p| Circle::new(p, 3, c.filled())))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    draw_legend(&mut chart, 12)
 }
 
 fn summary(path: &Path, runs: &[RunReport]) -> Result<(), TestbedError> {

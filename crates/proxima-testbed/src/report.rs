@@ -24,11 +24,15 @@ use crate::TestbedError;
 /// Where a set of results came from.
 #[derive(Clone, Debug, Serialize)]
 pub struct Provenance {
+    /// The scenario file as given on the command line.
     pub scenario_file: String,
+    /// The whole command line.
     pub command: String,
+    /// `git rev-parse HEAD` of the work tree, if git answered.
     pub commit: Option<String>,
     /// Whether the work tree had uncommitted changes.
     pub dirty: Option<bool>,
+    /// The scenario's seed.
     pub seed: u64,
 }
 

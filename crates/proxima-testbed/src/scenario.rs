@@ -56,14 +56,14 @@
 //! The full schema is in `docs/testbed.md`. Checking is strict and reports every
 //! problem with its line ([`crate::shape`] first: keys and forms; then names, values,
 //! strategies, and events against the run's time span and the topology's state at that
-//! time, [`check_timeline`]).
+//! time, `check_timeline`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
 use proxima_core::settings::parse_duration;
-use proxima_core::ServiceSettings;
+use proxima_core::{ServiceKey, ServiceSettings};
 use proxima_emulate::ProcessingTime;
 use serde::Deserialize;
 use serde_yaml::Value;
@@ -74,6 +74,8 @@ pub enum ScenarioError {
     /// Not YAML, or not the shape of a scenario; one message, with its place.
     #[error("{0}")]
     Yaml(String),
+    /// A value the shape allows but the scenario cannot use (a strategy spec, a variant
+    /// name, ...); one message.
     #[error("{0}")]
     Invalid(String),
     /// Every problem found, one message each (`line N: path: what is wrong`).
@@ -326,17 +328,28 @@ struct TestbedDoc {
 /// A checked scenario (one variant of a file).
 #[derive(Clone, Debug)]
 pub struct Scenario {
+    /// The scenario's name (results go to `target/testbed/<name>` by default).
     pub name: String,
+    /// Free text shown in the report.
     pub description: Option<String>,
     /// The variant this is, empty when the file has none.
     pub variant: String,
+    /// Seed of the instances' processing-time draws and of each node's peer prober (mixed
+    /// with the instance's or node's name), so that runs repeat; default 1.
     pub seed: u64,
+    /// The emulated nodes, in file order; other specs refer to them by index.
     pub nodes: Vec<NodeSpec>,
+    /// One-way delays between the nodes.
     pub latency: LatencySpec,
+    /// The services and their instances.
     pub services: Vec<ServiceSpecDoc>,
+    /// The traffic generators.
     pub clients: Vec<ClientSpec>,
+    /// What happens during the run, in file order.
     pub events: Vec<EventSpec>,
+    /// The file's `strategies`: what to compare when the command line names none.
     pub strategies: Vec<StrategySpec>,
+    /// Timing of the testbed's own machinery.
     pub testbed: TestbedSettings,
 }
 
@@ -359,9 +372,12 @@ impl Scenario {
     }
 }
 
+/// An emulated node: one proxy, its instances and its clients.
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
+    /// Node name (also the Kubernetes Node name in Kubernetes mode).
     pub name: String,
+    /// Zone, for the zone-aware strategies and link changes by `zone:NAME`.
     pub zone: Option<String>,
     /// A group of zones, for link changes by region (`region:NAME`).
     pub region: Option<String>,
@@ -372,20 +388,24 @@ pub struct NodeSpec {
     pub usage: Option<BaseUsage>,
 }
 
+/// A node's background usage, as fractions of its capacity (0 to 1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BaseUsage {
+    /// Background CPU usage, added to the busy share of the node's cores.
     pub cpu: f64,
+    /// Background RAM usage.
     pub ram: f64,
 }
 
 /// One-way delays between nodes.
 #[derive(Clone, Debug)]
 pub struct LatencySpec {
-    /// `delays[from][to]`, indices into [`Scenario::nodes`]; the diagonal is `local`.
+    /// `one_way[from][to]`, indices into [`Scenario::nodes`]; the diagonal is `local`.
     pub one_way: Vec<Vec<Duration>>,
 }
 
 impl LatencySpec {
+    /// The one-way delay from node `from` to node `to` (indices into [`Scenario::nodes`]).
     pub fn one_way(&self, from: usize, to: usize) -> Duration {
         self.one_way[from][to]
     }
@@ -394,38 +414,57 @@ impl LatencySpec {
 /// A service and its instances.
 #[derive(Clone, Debug)]
 pub struct ServiceSpecDoc {
+    /// Service name.
     pub name: String,
+    /// Namespace (`default` when the file gives none).
     pub namespace: String,
     /// Settings as `key = value` pairs (strategy keys are added per run).
     pub settings: Vec<(String, String)>,
+    /// The service's latency SLO (`latency-slo`, or its default), for the report.
     pub slo: Duration,
+    /// Every instance, including those that `join` later.
     pub instances: Vec<InstanceSpec>,
 }
 
+/// An emulated pod: an HTTP server with a processing-time distribution.
 #[derive(Clone, Debug)]
 pub struct InstanceSpec {
+    /// Instance name (its pod and endpoint name).
     pub name: String,
+    /// Its node, an index into [`Scenario::nodes`].
     pub node: usize,
+    /// How long it takes per request.
     pub processing: ProcessingTime,
+    /// Requests processed at once (`workers`); `None`: no limit.
     pub workers: Option<usize>,
     /// Whether it runs (and is listed) from the start; otherwise it `join`s later.
     pub start: bool,
 }
 
+/// A traffic generator attached to one node's proxy.
 #[derive(Clone, Debug)]
 pub struct ClientSpec {
+    /// Client name (for the report and its CSV rows).
     pub name: String,
+    /// Its node, an index into [`Scenario::nodes`]; it sends to that node's proxy.
     pub node: usize,
+    /// One-way delay between the client and its node's proxy.
     pub latency: Duration,
     /// Index into [`Scenario::services`].
     pub service: usize,
+    /// Requests to send in all; with `duration` it stops at whichever comes first.
     pub requests: Option<u64>,
+    /// How long to send for.
     pub duration: Option<Duration>,
+    /// Requests outstanding at once (default 1; 256 with `rate`).
     pub concurrency: usize,
     /// Open loop: requests per second (at most `concurrency` outstanding).
     pub rate: Option<f64>,
+    /// HTTP method of every request (default `GET`, or `POST` with a body).
     pub method: http::Method,
+    /// Request path (default `/`).
     pub path: String,
+    /// Request body, sent as is.
     pub body: Option<String>,
     /// Longest a request may take before the client gives up on it (counted as a
     /// timeout, never within the SLO); `timeout`, else `testbed.client-timeout`.
@@ -441,13 +480,18 @@ pub enum Trigger {
     Time(Duration),
 }
 
+/// A named event: what happens, and when.
 #[derive(Clone, Debug)]
 pub struct EventSpec {
+    /// Event name, shown in the report and the plots.
     pub name: String,
+    /// When it happens.
     pub at: Trigger,
+    /// What happens, in order.
     pub actions: Vec<Action>,
 }
 
+/// One thing an event does.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Start the instance and list it in discovery.
@@ -456,24 +500,33 @@ pub enum Action {
     Leave(String),
     /// Kill it (connections refused from now on); take it out of discovery later.
     Fail {
+        /// The instance to kill.
         instance: String,
+        /// How long after the kill it leaves discovery.
         remove_after: Duration,
     },
     /// Add to its processing time, or replace its distribution.
     Overload {
+        /// The instance to slow down.
         instance: String,
+        /// Extra processing time per request.
         add: Duration,
+        /// A new processing-time distribution instead of the current one.
         processing: Option<ProcessingTime>,
     },
     /// Answer every request at once with this status (a pod failing fast), or normally
     /// again with `None`.
     Errors {
+        /// The instance.
         instance: String,
+        /// The status to answer with; `None`: answer normally again.
         status: Option<http::StatusCode>,
     },
     /// Change the links between pairs of nodes (both directions of each pair).
     Link {
+        /// The node pairs, indices into [`Scenario::nodes`].
         pairs: Vec<(usize, usize)>,
+        /// What happens to their links.
         change: LinkChange,
     },
     /// Put the instance's processing time back to the scenario's (undo `overload`).
@@ -483,19 +536,25 @@ pub enum Action {
     /// else). Its instances leave discovery after `remove_after`, if given (as when the
     /// control plane notices a lost node).
     NodeDown {
+        /// The node, an index into [`Scenario::nodes`].
         node: usize,
+        /// When its instances leave discovery; `None`: they stay listed.
         remove_after: Option<Duration>,
     },
     /// The node is reachable again; its instances that still run are listed again.
     NodeUp(usize),
     /// Set a node's background CPU and/or RAM usage.
     Usage {
+        /// The node, an index into [`Scenario::nodes`].
         node: usize,
+        /// New background CPU usage (fraction); `None` leaves it.
         cpu: Option<f64>,
+        /// New background RAM usage (fraction); `None` leaves it.
         ram: Option<f64>,
     },
 }
 
+/// What a `link` event does to a link.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LinkChange {
     /// Set the one-way delay.
@@ -511,7 +570,9 @@ pub enum LinkChange {
 /// A strategy to run the scenario with: `name[:key=value]...`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StrategySpec {
+    /// The name the runs and report use: the spec as written, or a variant's label.
     pub label: String,
+    /// Strategy name (`strategy` setting).
     pub strategy: String,
     /// Settings added to every service (`<strategy>-<key>`, or a general key).
     pub settings: Vec<(String, String)>,
@@ -599,6 +660,7 @@ impl StrategySpec {
         })
     }
 
+    /// The same strategy under another label.
     pub fn labelled(mut self, label: impl Into<String>) -> Self {
         self.label = label.into();
         self
@@ -618,8 +680,9 @@ pub struct TestbedSettings {
     pub discovery_interval: Duration,
     /// Time between the peer prober's rounds on every node.
     pub peer_probe_interval: Duration,
-    /// How often node usage is recomputed, and over which window.
+    /// How often each node's emulated usage is recomputed.
     pub usage_interval: Duration,
+    /// The window of busy time a usage reading averages over.
     pub usage_window: Duration,
     /// Longest wait for every proxy to know every peer's latency before traffic starts.
     pub warmup_timeout: Duration,
@@ -656,6 +719,8 @@ pub struct ScenarioFile {
 }
 
 impl ScenarioFile {
+    /// Read a scenario file and check every variant; the first variant with problems fails
+    /// it, with every problem of that variant.
     pub fn parse(text: &str) -> Result<Self, ScenarioError> {
         // Placeholders may stand where YAML would not accept `${`, so only the
         // `variants` section is read before substitution.
@@ -704,6 +769,7 @@ impl ScenarioFile {
         Ok(file)
     }
 
+    /// The names of the file's variants (one empty name when it has none).
     pub fn variant_names(&self) -> Vec<String> {
         self.variants.iter().map(|(n, _)| n.clone()).collect()
     }
@@ -966,7 +1032,10 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         }
         services.push(ServiceSpecDoc {
             name: s.name.clone(),
-            namespace: s.namespace.clone().unwrap_or_else(|| "default".to_string()),
+            namespace: s
+                .namespace
+                .clone()
+                .unwrap_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string()),
             settings,
             slo: parsed.latency_slo,
             instances,

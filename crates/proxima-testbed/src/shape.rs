@@ -305,7 +305,7 @@ impl Lines {
     }
 }
 
-/// Read `text` and check its shape against [`SCENARIO`]. `Err` holds every problem
+/// Read `text` and check its shape against `SCENARIO`. `Err` holds every problem
 /// (one for a syntax error); `Ok` the line of every path.
 pub fn check(text: &str) -> Result<Lines, Vec<String>> {
     let root: Spanned<Node> = serde_saphyr::from_str(text).map_err(|e| {

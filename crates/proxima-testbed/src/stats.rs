@@ -18,21 +18,31 @@ use crate::client::RequestRecord;
 /// Numbers of one group of requests.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Summary {
+    /// Requests in the group.
     pub requests: u64,
     /// 2xx answers.
     pub succeeded: u64,
+    /// Requests without a 2xx answer: errors, other statuses, timeouts.
     pub failed: u64,
     /// Failed requests the client gave up on after its `timeout` (part of `failed`).
     pub timeouts: u64,
+    /// Requests that succeeded (2xx) within their service's `latency-slo`.
     pub slo_met: u64,
     /// `slo_met / requests`, in percent.
     pub slo_share: f64,
+    /// Mean response time, ms (failed requests with the time they took to fail).
     pub avg_ms: f64,
+    /// Median response time, ms (nearest rank).
     pub p50_ms: f64,
+    /// 95th percentile response time, ms (nearest rank).
     pub p95_ms: f64,
+    /// 99th percentile response time, ms (nearest rank).
     pub p99_ms: f64,
+    /// Slowest response time, ms.
     pub max_ms: f64,
+    /// Requests per second between the first request sent and the last response read.
     pub throughput: f64,
+    /// That span, s.
     pub duration_s: f64,
 }
 
@@ -125,12 +135,14 @@ pub struct ServiceSummary {
     /// The service's `latency-slo` (ms) and `slo-percentile` (%), strategy
     /// overrides included.
     pub slo_ms: f64,
+    /// The service's `slo-percentile` (%), strategy overrides included.
     pub percentile: f64,
     /// Response time at the service's own percentile (ms), failures counted as never
     /// answered; `None` when failures reach into it.
     pub at_percentile_ms: Option<f64>,
     /// The service's own percentile met its own SLO (and it had requests).
     pub met: bool,
+    /// Every request of the service (or of the phase).
     pub summary: Summary,
     /// Requests per instance of the service (`error` last, if any).
     pub per_instance: Vec<(String, u64)>,
@@ -182,6 +194,7 @@ impl ServiceSummary {
 /// One service in one run: the whole run, and each phase.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServiceReport {
+    /// The whole run.
     #[serde(flatten)]
     pub all: ServiceSummary,
     /// Per phase, in phase order (named as in [`RunReport::phases`]).
@@ -191,9 +204,11 @@ pub struct ServiceReport {
 /// Requests of one phase (between two events).
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
+    /// Phase name: `T0` before the first event, then the name of the event that began it.
     pub name: String,
     /// When the phase began, from the start of the traffic (s).
     pub start_s: f64,
+    /// Every request of the phase.
     pub summary: Summary,
     /// Requests per instance, in instance order; `error` counts answers without one.
     pub per_instance: BTreeMap<String, u64>,
@@ -213,9 +228,11 @@ pub struct ProxyCounters {
     pub timeouts: u64,
     /// Connections that broke after the request was sent.
     pub resets: u64,
+    /// Attempts whose pod answered with broken HTTP.
     pub protocol_errors: u64,
     /// Endpoints evicted from, and readmitted to, a QoS pool.
     pub evictions: u64,
+    /// Endpoints readmitted to a QoS pool (counted with `evictions`).
     pub readmissions: u64,
 }
 
@@ -234,6 +251,7 @@ impl ProxyCounters {
         }
     }
 
+    /// Whether nothing was counted.
     pub fn is_zero(&self) -> bool {
         *self == ProxyCounters::default()
     }
@@ -242,7 +260,9 @@ impl ProxyCounters {
 /// The proxies' counters of one phase (see [`ProxyCounters`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct ProxyPhase {
+    /// Phase name (as in [`RunReport::phases`]).
     pub phase: String,
+    /// What was counted during the phase.
     #[serde(flatten)]
     pub counters: ProxyCounters,
 }
@@ -250,18 +270,26 @@ pub struct ProxyPhase {
 /// Requests of one client.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClientReport {
+    /// Client name.
     pub name: String,
+    /// Name of the client's node.
     pub node: String,
+    /// Every request of the client.
     pub summary: Summary,
 }
 
 /// Everything measured in one run (one variant, one strategy).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
+    /// The scenario's name.
     pub scenario: String,
+    /// The variant, empty when the file has none.
     pub variant: String,
+    /// The strategy's name.
     pub strategy: String,
+    /// The strategy spec's label (as in `--strategies`), ` #k` added for repeats.
     pub label: String,
+    /// Every request of the run.
     pub summary: Summary,
     /// The latency SLO (ms) when every client's service has the same one.
     pub slo_ms: Option<f64>,
@@ -271,7 +299,9 @@ pub struct RunReport {
     pub services: Vec<ServiceReport>,
     /// Services whose own percentile met their own SLO.
     pub services_met: usize,
+    /// Every phase, from `T0` to the last event's.
     pub phases: Vec<PhaseReport>,
+    /// Every client.
     pub clients: Vec<ClientReport>,
     /// Whether every proxy knew every peer's latency (and usage) before traffic began.
     pub warmed_up: bool,
@@ -281,18 +311,23 @@ pub struct RunReport {
     /// Which of `--repeat N` runs this is (1-based), and the label of the series of
     /// repeats it belongs to (its label without ` #k`).
     pub repeat: u32,
+    /// The series of `--repeat` runs this belongs to: its label without ` #k`.
     pub series: String,
     /// The nodes' proxies' failed upstream attempts and pool changes while the clients
     /// ran, in all and per phase.
     pub proxy: ProxyCounters,
+    /// The same counters per phase.
     pub proxy_phases: Vec<ProxyPhase>,
     /// Responses minus (requests per instance + errors): 0 when every request was
     /// counted exactly once.
     pub accounting_gap: i64,
+    /// Every request, for the CSV files and plots.
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
+    /// Instance names in scenario order (the plots' series).
     #[serde(skip)]
     pub instance_names: Vec<String>,
+    /// Each phase's name and start, from the start of the traffic.
     #[serde(skip)]
     pub phase_starts: Vec<(String, Duration)>,
     /// Index into `services` of each client's service.
@@ -303,12 +338,17 @@ pub struct RunReport {
 /// The median and range of a value over repeated runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Spread3 {
+    /// The median.
     pub median: f64,
+    /// The smallest value.
     pub min: f64,
+    /// The largest value.
     pub max: f64,
 }
 
 impl Spread3 {
+    /// The median, minimum and maximum of the finite `values` (rounded to 3 decimals);
+    /// `None` when there are none.
     pub fn of(values: &[f64]) -> Option<Self> {
         let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
@@ -333,17 +373,25 @@ impl Spread3 {
 /// One service of one series of repeated runs (`--repeat N`).
 #[derive(Clone, Debug, Serialize)]
 pub struct RepeatSummary {
+    /// The variant, empty when the file has none.
     pub variant: String,
+    /// The series' label.
     pub series: String,
+    /// `name.namespace` of the service.
     pub service: String,
+    /// Runs in the series.
     pub runs: usize,
     /// Runs whose own percentile met the SLO, and runs marked noisy.
     pub met: usize,
+    /// Runs whose host was noisy (see [`crate::host`]).
     pub noisy: usize,
+    /// Share of requests that met the SLO, %.
     pub slo_share: Option<Spread3>,
     /// Over the runs where failures did not reach into the percentile.
     pub at_percentile_ms: Option<Spread3>,
+    /// 99th percentile response time, ms.
     pub p99_ms: Option<Spread3>,
+    /// max / min requests per used instance (see [`ServiceSummary::spread`]).
     pub spread: Option<Spread3>,
 }
 

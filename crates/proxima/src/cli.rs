@@ -128,6 +128,18 @@ pub struct RunArgs {
     #[arg(long, env = "PROXIMA_DISCOVERY", value_name = "file:PATH|kube")]
     pub discovery: Discovery,
 
+    #[command(flatten)]
+    pub serve: ServeArgs,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// What `run` and `demo` both serve: the proxy's and the admin server's addresses and
+/// the data plane's flags. The defaults listen on every interface, as a DaemonSet
+/// needs; `demo` overrides them to loopback (see [`DemoArgs`]).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
     /// Address the proxy listens on for client requests (HTTP/1.1 and h2c).
     #[arg(
         long,
@@ -148,9 +160,6 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub proxy: ProxyArgs,
-
-    #[command(flatten)]
-    pub kube: KubeArgs,
 }
 
 /// Settings of `--discovery kube`; ignored by file discovery.
@@ -239,7 +248,7 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "PROXIMA_DEFAULT_NAMESPACE",
-        default_value = "default",
+        default_value = proxima_core::ServiceKey::DEFAULT_NAMESPACE,
         value_name = "NAMESPACE"
     )]
     pub default_namespace: String,
@@ -723,7 +732,13 @@ impl ProxyArgs {
     }
 }
 
+/// Flags of `proxima demo`. It serves as `run` does, but on loopback by default: the
+/// demo is for trying Proxima on a workstation, not for exposing it.
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("listen", |arg| arg.default_value("127.0.0.1:8080")),
+    mut_arg("admin", |arg| arg.default_value("127.0.0.1:9901"))
+)]
 pub struct DemoArgs {
     /// Topology to emulate instead of the built-in one (2 services, 5 pods on 3 nodes);
     /// its `emulate.pods` section says which endpoints to emulate and how slow they are.
@@ -739,26 +754,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "5", value_name = "RATE")]
     pub load: f64,
 
-    /// Address the proxy listens on for client requests.
-    #[arg(
-        long,
-        env = "PROXIMA_LISTEN",
-        default_value = "127.0.0.1:8080",
-        value_name = "ADDR"
-    )]
-    pub listen: SocketAddr,
-
-    /// Address of the admin server: /metrics, /healthz, /readyz, /debug/pools.
-    #[arg(
-        long,
-        env = "PROXIMA_ADMIN",
-        default_value = "127.0.0.1:9901",
-        value_name = "ADDR"
-    )]
-    pub admin: SocketAddr,
-
     #[command(flatten)]
-    pub proxy: ProxyArgs,
+    pub serve: ServeArgs,
 }
 
 #[derive(Debug, Args)]
@@ -801,14 +798,7 @@ fn parse_kubeconfig(value: &str) -> Result<PathBuf, String> {
 /// empty (skipped).
 fn parse_namespace(value: &str) -> Result<String, String> {
     let value = value.trim();
-    let label = value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    let valid = value.is_empty() || label;
-    if valid {
+    if value.is_empty() || proxima_core::is_dns_label(value) {
         Ok(value.to_string())
     } else {
         Err(format!(
@@ -909,7 +899,7 @@ mod tests {
         else {
             panic!("expected run");
         };
-        assert_eq!(args.proxy.worker_count(), 3);
+        assert_eq!(args.serve.proxy.worker_count(), 3);
         assert!(
             Cli::try_parse_from(["proxima", "run", "--discovery", "kube", "--workers", "0"])
                 .is_err()
@@ -937,7 +927,7 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("expected run");
         };
-        let config = args.proxy.config();
+        let config = args.serve.proxy.config();
         assert_eq!(config.service_header, "x-target");
         assert_eq!(config.shutdown_grace, Duration::from_secs(5));
         assert_eq!(config.max_header_bytes, 4096);
@@ -946,7 +936,7 @@ mod tests {
         assert_eq!(config.max_request_headers, 200);
         assert_eq!(config.max_response_headers, 500);
         assert!(config.max_client_connections >= 16);
-        assert_eq!(args.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(args.serve.listen, "0.0.0.0:8080".parse().unwrap());
     }
 
     #[test]
@@ -972,7 +962,7 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("expected run");
         };
-        let access = args.proxy.admin.access();
+        let access = args.serve.proxy.admin.access();
         assert_eq!(access.token.as_deref(), Some("t0k"));
         assert_eq!(access.trusted.len(), 2);
         assert!(!access.open);
@@ -1044,7 +1034,7 @@ mod tests {
             let mut argv = vec!["proxima", "run", "--discovery", "file:t.yaml"];
             argv.extend_from_slice(extra);
             Cli::try_parse_from(argv).map(|cli| match cli.command {
-                Command::Run(args) => args.proxy.nodes,
+                Command::Run(args) => args.serve.proxy.nodes,
                 _ => panic!("expected run"),
             })
         };

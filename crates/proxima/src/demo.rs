@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use proxima_core::settings::parse_duration;
-use proxima_core::Router;
+use proxima_core::{Router, ServiceKey};
 use proxima_emulate::{Backend, BackendConfig};
 use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
@@ -64,7 +64,7 @@ struct PodSpec {
 }
 
 fn default_namespace() -> String {
-    "default".to_string()
+    ServiceKey::DEFAULT_NAMESPACE.to_string()
 }
 
 struct EmulatedPod {
@@ -113,6 +113,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let topology = proxima_discovery::load(&file).map_err(|e| anyhow!("{e}"))?;
 
     let node = args
+        .serve
         .proxy
         .node_name
         .clone()
@@ -124,13 +125,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         .map(|(spec, _)| spec.key.to_string())
         .collect();
     let ports = Ports {
-        proxy: args.listen,
-        admin: args.admin,
+        proxy: args.serve.listen,
+        admin: args.serve.admin,
     };
-    let header = args.proxy.service_header.clone();
+    let header = args.serve.proxy.service_header.clone();
     let result = serve(
         ports,
-        &args.proxy,
+        &args.serve.proxy,
         DiscoveryPlan {
             discovery: &Discovery::File(file.clone()),
             kube: &KubeArgs::default(),
@@ -234,7 +235,10 @@ fn find_endpoint<'v>(
         .iter_mut()
         .find(|s| {
             text(s, "name").as_deref() == Some(service)
-                && text(s, "namespace").as_deref().unwrap_or("default") == namespace
+                && text(s, "namespace")
+                    .as_deref()
+                    .unwrap_or(ServiceKey::DEFAULT_NAMESPACE)
+                    == namespace
         })?
         .get_mut("endpoints")?
         .as_sequence_mut()?

@@ -42,16 +42,24 @@ const STOP_SLACK: Duration = Duration::from_secs(10);
 pub async fn run(args: RunArgs) -> Result<()> {
     let shutdown = Shutdown::new();
     shutdown.on_signals();
-    let router = Arc::new(Router::new(args.proxy.node_name.clone()));
+    let router = Arc::new(Router::new(args.serve.proxy.node_name.clone()));
     let ports = Ports {
-        proxy: args.listen,
-        admin: args.admin,
+        proxy: args.serve.listen,
+        admin: args.serve.admin,
     };
     let discovery = DiscoveryPlan {
         discovery: &args.discovery,
         kube: &args.kube,
     };
-    serve(ports, &args.proxy, discovery, router, &shutdown, |_| {}).await
+    serve(
+        ports,
+        &args.serve.proxy,
+        discovery,
+        router,
+        &shutdown,
+        |_| {},
+    )
+    .await
 }
 
 /// Where services come from (`--discovery`), with the settings of Kubernetes discovery

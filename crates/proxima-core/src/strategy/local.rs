@@ -20,20 +20,25 @@ use super::params::Params;
 use super::{Choice, PickContext, Reason, Strategy};
 use crate::settings::{ServiceSettings, SettingError};
 
+/// What `local` does when this node has no pod of the service (`local-fallback`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalFallback {
+    /// `reject`: no pick, so the request gets 503 (the paper's pure scheme).
     Reject,
+    /// `nearest` (default): a pod on the node with the lowest measured latency from here.
     Nearest,
 }
 
 /// Local scheduling (see the module docs).
 #[derive(Debug)]
 pub struct Local {
+    /// What to do when this node has no pod of the service.
     pub fallback: LocalFallback,
     next: AtomicUsize,
 }
 
 impl Local {
+    /// Local scheduling with this fallback.
     pub fn new(fallback: LocalFallback) -> Self {
         Self {
             fallback,

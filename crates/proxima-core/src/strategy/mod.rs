@@ -51,6 +51,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason as shown in logs and metrics labels (`pool`, `fallback`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Pool => "pool",
@@ -64,16 +65,21 @@ impl Reason {
 /// A strategy's choice: an index into [`Route::endpoints`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Choice {
+    /// Index into [`Route::endpoints`].
     pub index: usize,
+    /// Why this endpoint.
     pub reason: Reason,
 }
 
 /// What a strategy sees when it picks.
 pub struct PickContext<'a> {
+    /// The service's route: endpoints, eligibility, pool and node groups.
     pub route: &'a Route,
+    /// The time of the pick (time is passed in; the core reads no clock).
     pub now: Instant,
     /// The node this proxy runs on, when known.
     pub local_node: Option<&'a str>,
+    /// Every known node, by name.
     pub nodes: &'a BTreeMap<String, Node>,
     /// Node latencies and resource usage, as far as they are known.
     pub environment: &'a Arc<Environment>,
@@ -300,10 +306,12 @@ impl Default for StrategyRegistry {
 pub const DEFAULT_STRATEGY: &str = "qos-pool";
 
 impl StrategyRegistry {
+    /// Make `name` build with `builder`, replacing a builder of the same name.
     pub fn register(&mut self, name: &'static str, builder: Builder) {
         self.builders.insert(name, builder);
     }
 
+    /// The names of the registered strategies, in alphabetical order.
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.builders.keys().copied()
     }

@@ -21,6 +21,7 @@ use crate::settings::{ServiceSettings, SettingError};
 /// P2C over peak-EWMA cost (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct P2cEwma {
+    /// Cost of an endpoint that was never measured (`p2c-ewma-default-rtt`, default 30 ms).
     pub default_rtt: Duration,
 }
 

@@ -47,16 +47,22 @@ use crate::settings::{ServiceSettings, SettingError};
 /// The decay function f_β (Eq. 3–5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decay {
+    /// `inverse`: f_β(l) = 1/(β·l) (Eq. 3); β cancels out.
     Inverse,
+    /// `power`: f_β(l) = 1/l^β (Eq. 4).
     Power,
+    /// `exponential`: f_β(l) = e^(−β·l) (Eq. 5), l in milliseconds.
     Exponential,
 }
 
 /// proxy-mity's weights (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Proximity {
+    /// α ∈ [0, 1]: 0 is pure load balancing, 1 pure proximity (Eq. 6).
     pub alpha: f64,
+    /// β: how strongly nearer pods are favoured (Eq. 3–5).
     pub beta: f64,
+    /// The decay function f_β.
     pub decay: Decay,
     /// Latency assumed for pods on this node; `None` = 0.9 × the smallest inter-node one.
     pub localrtt: Option<Duration>,

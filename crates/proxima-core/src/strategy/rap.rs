@@ -42,10 +42,17 @@ use crate::settings::{ServiceSettings, SettingError};
 /// RAP's thresholds and weights (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rap {
+    /// CPU usage (fraction of allocatable) at or above which a node is overloaded (default
+    /// 0.9).
     pub cpu_threshold: f64,
+    /// RAM usage (fraction of allocatable) at or above which a node is overloaded (default
+    /// 0.9).
     pub ram_threshold: f64,
+    /// Weight of free CPU in a node's score, before the weights are normalised to sum to 1.
     pub weight_cpu: f64,
+    /// Weight of free RAM in a node's score, before normalising.
     pub weight_ram: f64,
+    /// Weight of closeness (`l_min / l`) in a node's score, before normalising.
     pub weight_latency: f64,
 }
 

@@ -45,7 +45,9 @@ pub use watch::{watch, FileWatcher, ReloadSummary, POLL_INTERVAL};
 /// Everything a topology file describes, in the core's terms.
 #[derive(Clone, Debug, Default)]
 pub struct Topology {
+    /// The `nodes` section.
     pub nodes: Vec<Node>,
+    /// Every service with its endpoints, in file order.
     pub services: Vec<(ServiceSpec, Vec<Endpoint>)>,
 }
 
@@ -81,6 +83,7 @@ pub struct Problem {
     /// Path of the offending value, e.g. `services[0].settings.latency-slo`; empty when
     /// the problem is the document itself (a syntax error names its own context).
     pub path: String,
+    /// What is wrong, in a sentence.
     pub message: String,
 }
 
@@ -100,9 +103,12 @@ impl fmt::Display for Problem {
 /// Why a topology file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
+    /// The file could not be read.
     #[error("{file}: cannot read: {source}")]
     Read {
+        /// The file name as given.
         file: String,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },

@@ -179,14 +179,7 @@ impl Problems {
 
 /// Kubernetes object names as used in `name.namespace`: a DNS label.
 fn check_dns_label(problems: &mut Problems, path: YamlPath, value: &str) {
-    let ok = !value.is_empty()
-        && value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if !ok {
+    if !proxima_core::is_dns_label(value) {
         problems.add(
             path,
             format!(
@@ -256,7 +249,9 @@ impl Document {
             Vec::with_capacity(self.services.len());
         for (i, doc) in self.services.into_iter().enumerate() {
             let path = root.key("services").index(i);
-            let namespace = doc.namespace.unwrap_or_else(|| "default".to_string());
+            let namespace = doc
+                .namespace
+                .unwrap_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string());
             check_dns_label(&mut problems, path.key("name"), &doc.name);
             check_dns_label(&mut problems, path.key("namespace"), &namespace);
             let key = ServiceKey::new(namespace, doc.name);

@@ -30,8 +30,11 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// What a successful (re)load put in force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReloadSummary {
+    /// Nodes in the file.
     pub nodes: usize,
+    /// Services in the file.
     pub services: usize,
+    /// Endpoints of all its services together.
     pub endpoints: usize,
 }
 

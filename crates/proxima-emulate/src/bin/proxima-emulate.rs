@@ -10,21 +10,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use proxima_emulate::{Backend, BackendConfig, DelayLink, ProcessingTime};
 
+// The command line is one subcommand; clap names the program after the package.
 #[derive(Debug, Parser)]
-#[command(
-    name = "proxima-emulate",
-    version,
-    about = "Emulated pods and network delay for Proxima"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
+#[command(version, about = "Emulated pods and network delay for Proxima")]
 enum Command {
     /// Serve HTTP/1.1 as an emulated pod until Ctrl-C.
     Backend {
@@ -70,12 +61,12 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let command = Command::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    runtime.block_on(run(cli.command))
+    runtime.block_on(run(command))
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

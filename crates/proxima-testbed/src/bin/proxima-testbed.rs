@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
 use proxima_testbed::{
@@ -20,18 +20,12 @@ use proxima_testbed::{
 };
 use tokio::sync::watch;
 
+// The command line is one subcommand; clap names the program after the package.
 #[derive(Debug, Parser)]
 #[command(
-    name = "proxima-testbed",
     version,
     about = "Emulate a geo-distributed edge cluster on one machine and compare Proxima's strategies"
 )]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
 enum Command {
     /// Run a scenario once per strategy (and variant) and report.
     Run {
@@ -103,7 +97,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let command = Command::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PROXIMA_LOG")
@@ -118,7 +112,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")
-        .and_then(|rt| rt.block_on(run(cli.command)));
+        .and_then(|rt| rt.block_on(run(command)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

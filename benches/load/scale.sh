@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Memory and telemetry of one Proxima at the scale of an edge cluster (issue 9):
+# SERVICES Services x PODS pods, every pod a distinct address 127.0.X.Y:ORIGIN_PORT
+# (one nginx listens on all of them and answers a small 200), and wrk sending each
+# request to a random service (x-service: svc-N). Reports, per worker count, the
+# proxy's RSS (now and peak, from /proc), the requests/s, the size and series count
+# of /metrics, and the idle upstream connections kept.
+#
+# Usage: benches/load/scale.sh
+# Environment (defaults in brackets):
+#   SERVICES [100]  PODS [10]  DURATION [20s]  CONNECTIONS [32]  WORKERS ["1 2"]
+#   BASE_PORT [18180] (origin port; proxy and admin use the next two)
+#   RESULTS_DIR [benches/load/results]
+set -euo pipefail
+
+SERVICES=${SERVICES:-100}
+PODS=${PODS:-10}
+DURATION=${DURATION:-20s}
+CONNECTIONS=${CONNECTIONS:-32}
+WORKERS=${WORKERS:-"1 2"}
+BASE_PORT=${BASE_PORT:-18180}
+ORIGIN_PORT=$BASE_PORT
+PROXY_PORT=$((BASE_PORT + 1))
+ADMIN_PORT=$((BASE_PORT + 2))
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+RESULTS_DIR=${RESULTS_DIR:-$ROOT/benches/load/results}
+STAMP=$(date +%Y-%m-%d_%H%M%S)
+WORK=$(mktemp -d /tmp/proxima-scale.XXXXXX)
+BIN=$ROOT/target/release/proxima
+
+log() { printf '[scale %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+PIDS=()
+cleanup() {
+    local status=$?
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [[ $status -ne 0 ]]; then log "failed; logs kept in $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+for tool in wrk nginx curl; do
+    command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs it)"
+done
+log "building proxima (release)"
+(cd "$ROOT" && cargo build --release -p proxima) >"$WORK/build.log" 2>&1 ||
+    { cat "$WORK/build.log" >&2; die "build failed"; }
+
+# Pod i (0-based) of the whole cluster listens on 127.0.(1 + i/250).(1 + i%250).
+pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
+TOTAL=$((SERVICES * PODS))
+{
+    echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
+    echo "events { worker_connections 8192; }"
+    echo "http { access_log off; server {"
+    for ((i = 0; i < TOTAL; i++)); do echo "  listen $(pod_addr "$i"):$ORIGIN_PORT;"; done
+    echo '  location / { return 200 "hello from origin\n"; } } }'
+} >"$WORK/origin.conf"
+{
+    echo "services:"
+    for ((s = 0; s < SERVICES; s++)); do
+        echo "  - name: svc-$s"
+        echo "    namespace: default"
+        echo "    settings: { latency-slo: 100ms, strategy: qos-pool }"
+        echo "    endpoints:"
+        for ((p = 0; p < PODS; p++)); do
+            echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * PODS + p))):$ORIGIN_PORT }"
+        done
+    done
+} >"$WORK/discovery.yaml"
+cat >"$WORK/random-service.lua" <<EOF
+math.randomseed(os.time())
+request = function()
+    return wrk.format(nil, nil, { ["x-service"] = "svc-" .. math.random(0, $((SERVICES - 1))) })
+end
+EOF
+
+nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" &
+PIDS+=($!)
+
+kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
+RESULT=$RESULTS_DIR/${STAMP}-scale.md
+mkdir -p "$RESULTS_DIR"
+{
+    echo "# Proxima at $SERVICES Services x $PODS pods, $STAMP"
+    echo
+    echo "proxima $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)'); wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo
+    echo "| workers | req/s | RSS after load (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|"
+} >"$RESULT"
+for workers in $WORKERS; do
+    "$BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" --workers "$workers" \
+        --discovery "file:$WORK/discovery.yaml" --log-level warn >"$WORK/proxima-$workers.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 100); do
+        [[ $(curl -s -o /dev/null -w '%{http_code}' -H 'x-service: svc-0' "http://127.0.0.1:$PROXY_PORT/") == 200 ]] && break
+        sleep 0.2
+    done
+    log "workers=$workers: RSS before load $(($(kib "$pid" VmRSS) / 1024)) MB; running wrk for $DURATION"
+    wrk -t1 -c"$CONNECTIONS" -d"$DURATION" -s "$WORK/random-service.lua" "http://127.0.0.1:$PROXY_PORT/" >"$WORK/wrk-$workers.txt"
+    rps=$(awk '/Requests\/sec/ { print $2 }' "$WORK/wrk-$workers.txt")
+    rss=$(kib "$pid" VmRSS)
+    hwm=$(kib "$pid" VmHWM)
+    curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics-$workers.txt"
+    bytes=$(wc -c <"$WORK/metrics-$workers.txt")
+    series=$(grep -vc '^#' "$WORK/metrics-$workers.txt")
+    idle=$(awk '$1 == "proxima_upstream_idle_connections" { print $2 }' "$WORK/metrics-$workers.txt")
+    printf '| %s | %.0f | %.1f | %.1f | %d | %d | %s |\n' "$workers" "$rps" "$(echo "$rss / 1024" | bc -l)" \
+        "$(echo "$hwm / 1024" | bc -l)" $((bytes / 1024)) "$series" "${idle:-?}" >>"$RESULT"
+    log "workers=$workers: $rps req/s, RSS $((rss / 1024)) MB (peak $((hwm / 1024)) MB), /metrics $((bytes / 1024)) KB"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+done
+echo >>"$RESULT"
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Command: \`benches/load/scale.sh\`." >>"$RESULT"
+cat "$RESULT"
