@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -89,8 +89,10 @@ pub(crate) struct BadTarget {
 
 /// How one attempt on one endpoint ended.
 pub(crate) enum Attempt {
-    /// Response headers arrived; the sender goes back to the pool after the body.
-    Response(Response<UpstreamBody>, Sender),
+    /// Response headers arrived (at the instant given: the measurement ends there, not
+    /// after the wait for the first body frame); the sender goes back to the pool after
+    /// the body.
+    Response(Response<UpstreamBody>, Sender, Instant),
     /// Nothing reached the pod; the request comes back untouched.
     NotSent(Request<RequestBody>, ConnectError),
     /// The request was (at least in part) sent, and no response came.
@@ -165,7 +167,7 @@ pub(crate) async fn attempt(
             Err(_) => return Attempt::TimedOut { sent: true },
             Ok(Ok(response)) => {
                 return match first_frame(response, deadline).await {
-                    Ok(response) => Attempt::Response(response, sender),
+                    Ok((response, at)) => Attempt::Response(response, sender, at),
                     Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
                 }
             }
@@ -198,7 +200,7 @@ pub(crate) async fn attempt(
 }
 
 /// Split off the response's framing problems and wait briefly for its first body frame
-/// (see [`FIRST_FRAME_WAIT`]).
+/// (see [`FIRST_FRAME_WAIT`]); the response, and when its headers arrived.
 ///
 /// A response with both `Transfer-Encoding` and `Content-Length` is framed by the
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
@@ -206,10 +208,10 @@ pub(crate) async fn attempt(
 async fn first_frame(
     response: Response<Incoming>,
     deadline: Instant,
-) -> Result<Response<UpstreamBody>, hyper::Error> {
-    let (mut parts, mut rest) = response.into_parts();
+) -> Result<(Response<UpstreamBody>, Instant), hyper::Error> {
     // The measurement ends here, not after the wait below.
-    parts.extensions.insert(HeadersAt(Instant::now()));
+    let headers_at = Instant::now();
+    let (mut parts, mut rest) = response.into_parts();
     if parts.headers.contains_key(TRANSFER_ENCODING) {
         parts.headers.remove(CONTENT_LENGTH);
     }
@@ -237,22 +239,10 @@ async fn first_frame(
             None => {}
         }
     }
-    Ok(Response::from_parts(parts, UpstreamBody { first, rest }))
-}
-
-/// When a response's headers arrived (in its extensions): the wait for the first body
-/// frame is not the pod's response time.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HeadersAt(pub(crate) Instant);
-
-impl HeadersAt {
-    /// When `response`'s headers arrived, or now if that was not noted.
-    pub(crate) fn of<B>(response: &Response<B>) -> Instant {
-        response
-            .extensions()
-            .get::<HeadersAt>()
-            .map_or_else(Instant::now, |at| at.0)
-    }
+    Ok((
+        Response::from_parts(parts, UpstreamBody { first, rest }),
+        headers_at,
+    ))
 }
 
 /// Whether a pooled connection failed the way an idle close racing with reuse does:
@@ -318,12 +308,14 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// What is needed to send a body-less request again.
+/// What is needed to send a body-less request again. The header lines are kept as a
+/// list (one allocation; names and values are shared, not copied) and made into a map
+/// again only when the request is replayed, which is rare.
 #[derive(Clone)]
 pub(crate) struct Replay {
     method: Method,
     uri: Uri,
-    headers: HeaderMap,
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Replay {
@@ -331,7 +323,11 @@ impl Replay {
         Self {
             method: req.method().clone(),
             uri: req.uri().clone(),
-            headers: req.headers().clone(),
+            headers: req
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
         }
     }
 
@@ -339,7 +335,11 @@ impl Replay {
         let mut req = Request::new(RequestBody::Empty);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
-        *req.headers_mut() = self.headers.clone();
+        let headers = req.headers_mut();
+        headers.reserve(self.headers.len());
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
+        }
         *req.version_mut() = Version::HTTP_11;
         req
     }
@@ -665,8 +665,7 @@ impl Proxy {
                 .watched(&picked, &service, stall_start, slo, sent)
                 .await
             {
-                Attempt::Response(response, sender) => {
-                    let now = HeadersAt::of(&response);
+                Attempt::Response(response, sender, now) => {
                     let latency = now.saturating_duration_since(attempt_start);
                     let status = response.status().as_u16();
                     let failure = picked.route.settings().failure_status.contains(status);
@@ -858,5 +857,30 @@ mod tests {
         for m in [Method::POST, Method::PATCH, Method::CONNECT] {
             assert!(!is_idempotent(&m), "{m}");
         }
+    }
+
+    #[test]
+    fn a_replay_sends_the_same_head_again() {
+        let original = Request::builder()
+            .method(Method::PUT)
+            .uri("/a/b?c=d")
+            .header("host", "api")
+            .header("x-a", "1")
+            .header("accept", "text/plain")
+            .header("x-a", "2")
+            .body(RequestBody::Empty)
+            .unwrap();
+        let again = Replay::of(&original).request();
+        assert_eq!(again.method(), Method::PUT);
+        assert_eq!(again.uri(), "/a/b?c=d");
+        assert_eq!(again.version(), Version::HTTP_11);
+        let lines = |r: &Request<RequestBody>| -> Vec<(String, String)> {
+            r.headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+                .collect()
+        };
+        assert_eq!(lines(&again), lines(&original));
+        assert_eq!(again.headers().get_all("x-a").iter().count(), 2);
     }
 }

@@ -15,8 +15,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: &str = "keep-alive";
-const PROXY_CONNECTION: &str = "proxy-connection";
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     name == CONNECTION
@@ -26,8 +26,16 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == UPGRADE
         || name == PROXY_AUTHENTICATE
         || name == PROXY_AUTHORIZATION
-        || name.as_str() == KEEP_ALIVE
-        || name.as_str() == PROXY_CONNECTION
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
+}
+
+/// Whether a `Connection` option names a header to drop beyond the fixed hop-by-hop
+/// set: anything but `close` and `keep-alive` (the latter is dropped anyway).
+fn names_another_header(token: &str) -> bool {
+    !token.is_empty()
+        && !token.eq_ignore_ascii_case("close")
+        && !token.eq_ignore_ascii_case("keep-alive")
 }
 
 /// Remove hop-by-hop headers (see the module docs).
@@ -35,30 +43,40 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    if let http::header::Entry::Occupied(entry) = headers.entry(CONNECTION) {
-        let listed: Vec<HeaderValue> = entry.remove_entry_mult().1.collect();
-        for value in &listed {
-            let Ok(value) = value.to_str() else { continue };
-            for token in value.split(',') {
-                let token = token.trim();
-                if !token.is_empty() {
-                    headers.remove(token);
+    // `Connection: keep-alive` or `close`, the usual forms, list no other header: no
+    // copy of the options is needed then.
+    let lists_others = headers.get_all(CONNECTION).iter().any(|value| {
+        value
+            .to_str()
+            .is_ok_and(|v| v.split(',').any(|t| names_another_header(t.trim())))
+    });
+    if lists_others {
+        if let http::header::Entry::Occupied(entry) = headers.entry(CONNECTION) {
+            let listed: Vec<HeaderValue> = entry.remove_entry_mult().1.collect();
+            for value in &listed {
+                let Ok(value) = value.to_str() else { continue };
+                for token in value.split(',') {
+                    let token = token.trim();
+                    if !token.is_empty() {
+                        headers.remove(token);
+                    }
                 }
             }
         }
     }
     for name in [
+        CONNECTION,
         TE,
         TRAILER,
         TRANSFER_ENCODING,
         UPGRADE,
         PROXY_AUTHENTICATE,
         PROXY_AUTHORIZATION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
     ] {
         headers.remove(name);
     }
-    headers.remove(KEEP_ALIVE);
-    headers.remove(PROXY_CONNECTION);
 }
 
 /// Add the client's address to `X-Forwarded-For` (joined into one line with what the
@@ -139,6 +157,19 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut m);
         assert_eq!(names(&m), ["content-length", "host", "x-kept"]);
+    }
+
+    #[test]
+    fn the_usual_connection_options_drop_only_the_fixed_set() {
+        let mut m = map(&[
+            ("connection", "Keep-Alive"),
+            ("Connection", "close"),
+            ("keep-alive", "timeout=5"),
+            ("host", "api"),
+            ("x-a", "1"),
+        ]);
+        strip_hop_by_hop(&mut m);
+        assert_eq!(names(&m), ["host", "x-a"]);
     }
 
     #[test]

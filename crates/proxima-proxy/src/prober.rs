@@ -33,7 +33,7 @@ use proxima_core::{Outcome, ProbeShape, ProbeTicket, ServiceKey, ServiceRoute, T
 use tokio::task::JoinSet;
 use tracing::debug;
 
-use crate::forward::{attempt, Attempt, HeadersAt};
+use crate::forward::{attempt, Attempt};
 use crate::request_body::RequestBody;
 use crate::Proxy;
 
@@ -202,8 +202,8 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
     )
     .await
     {
-        Attempt::Response(response, sender) => {
-            let latency = HeadersAt::of(&response).saturating_duration_since(start);
+        Attempt::Response(response, sender, headers_at) => {
+            let latency = headers_at.saturating_duration_since(start);
             let status = response.status().as_u16();
             // Read the body so that the connection can be reused.
             let mut body = response.into_body().rest;
