@@ -10,6 +10,7 @@
 # Environment (defaults in brackets):
 #   SERVICES [100]  PODS [10]  DURATION [20s]  CONNECTIONS [32]  WORKERS ["1 2"]
 #   BASE_PORT [18180] (origin port; proxy and admin use the next two)
+#   PROXIMA_ARGS [] extra flags for `proxima run` (e.g. --upstream-max-idle 256)
 #   RESULTS_DIR [benches/load/results]
 set -euo pipefail
 
@@ -86,14 +87,14 @@ mkdir -p "$RESULTS_DIR"
 {
     echo "# Proxima at $SERVICES Services x $PODS pods, $STAMP"
     echo
-    echo "proxima $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)'); wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "proxima $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
     echo "| workers | req/s | RSS after load (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
     echo "|---:|---:|---:|---:|---:|---:|---:|"
 } >"$RESULT"
 for workers in $WORKERS; do
     "$BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" --workers "$workers" \
-        --discovery "file:$WORK/discovery.yaml" --log-level warn >"$WORK/proxima-$workers.log" 2>&1 &
+        --discovery "file:$WORK/discovery.yaml" --log-level warn ${PROXIMA_ARGS:-} >"$WORK/proxima-$workers.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     for _ in $(seq 100); do
