@@ -39,41 +39,11 @@ for tool in wrk nginx haproxy curl; do
 done
 [[ -x $PROXIMA_BIN ]] || (cd "$ROOT" && cargo build --release -p proxima)
 
-cat >"$WORK/origin.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/origin.pid;
-events { worker_connections 4096; }
-http { access_log off; server { listen 127.0.0.1:$ORIGIN; location / { return 200 "hello from origin\n"; } } }
-EOF
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes 1; daemon off; pid $WORK/nginx.pid;
-events { worker_connections 4096; }
-http { access_log off; upstream origin { server 127.0.0.1:$ORIGIN; keepalive 64; }
-  server { listen 127.0.0.1:${PORT[nginx]};
-    location / { proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-EOF
-cat >"$WORK/haproxy.cfg" <<EOF
-global
-    nbthread 1
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-    http-reuse always
-frontend proxy
-    bind 127.0.0.1:${PORT[haproxy]}
-    default_backend origin
-backend origin
-    server origin 127.0.0.1:$ORIGIN
-EOF
-cat >"$WORK/discovery.yaml" <<EOF
-services:
-  - name: bench
-    namespace: default
-    settings: { latency-slo: 100ms, strategy: qos-pool }
-    endpoints:
-      - { id: origin, address: 127.0.0.1:$ORIGIN }
-EOF
+# The same configs as run.sh, with one worker each.
+WORKERS=1 ORIGIN_WORKERS=1 ORIGIN_PORT=$ORIGIN NGINX_PORT=${PORT[nginx]} HAPROXY_PORT=${PORT[haproxy]}
+# shellcheck source=benches/load/configs.sh
+source "$ROOT/benches/load/configs.sh"
+write_configs
 
 nginx -e "$WORK/origin.err" -p "$WORK" -c "$WORK/origin.conf" & PIDS+=($!)
 nginx -e "$WORK/nginx.err" -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
