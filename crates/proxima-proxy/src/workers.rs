@@ -31,22 +31,28 @@ use crate::stall::StallMeter;
 use crate::Proxy;
 
 /// What the current thread is, for the pool and the stall meter.
-#[derive(Clone, Debug)]
-pub(crate) struct Worker {
+#[derive(Debug)]
+struct Worker {
     /// 1-based worker number; 0 is any thread that is not a worker.
-    pub(crate) index: u32,
-    pub(crate) stall: Arc<StallMeter>,
+    index: u32,
+    stall: Arc<StallMeter>,
 }
 
 thread_local! {
     static CURRENT: RefCell<Option<Worker>> = const { RefCell::new(None) };
 }
 
+/// Make the current thread worker `index`, measuring its stalls with `stall`, or (`None`)
+/// no worker.
+fn enter(worker: Option<(u32, Arc<StallMeter>)>) {
+    let worker = worker.map(|(index, stall)| Worker { index, stall });
+    CURRENT.with(|current| *current.borrow_mut() = worker);
+}
+
 /// Make the current thread count as worker `index` (tests of the per-worker rules).
 #[cfg(test)]
 pub(crate) fn pretend_worker(index: u32) {
-    let stall = Arc::new(StallMeter::new());
-    CURRENT.with(|w| *w.borrow_mut() = Some(Worker { index, stall }));
+    enter(Some((index, Arc::new(StallMeter::new()))));
 }
 
 /// The worker number of the current thread (0 when it is not a worker).
@@ -74,6 +80,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     listener.set_nonblocking(true)?;
+    proxy.pool.serve_on_workers();
     let workers = workers.max(1);
     let mut done = Vec::with_capacity(workers);
     for n in 1..=workers {
@@ -127,10 +134,10 @@ fn run_worker(
     runtime.block_on(async move {
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, proxy.router());
-        CURRENT.with(|w| *w.borrow_mut() = Some(Worker { index, stall }));
+        enter(Some((index, stall)));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let served = crate::serve(proxy, listener, stop).await;
-        CURRENT.with(|w| *w.borrow_mut() = None);
+        enter(None);
         served
     })
 }
