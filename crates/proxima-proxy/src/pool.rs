@@ -30,9 +30,9 @@
 //! connects (the kernel picks the port), so pods, and anything between, see the proxy's
 //! chosen address as the peer.
 //!
-//! With several worker threads (`workers.rs`), a connection is reused only by the worker
-//! whose runtime drives it, so that a request never wakes another thread; the bounds
-//! stay global.
+//! With worker threads (`workers.rs`), a connection is reused only by the worker whose
+//! runtime drives it, so that a request never wakes another thread, and connections of
+//! the other runtime (the prober's) are not kept at all; the bounds stay global.
 //!
 //! The idle lists sit behind one mutex: each operation is a hash lookup and a push or a
 //! pop (eviction by age is a lookup in an ordered map), and connections that are closed
@@ -40,6 +40,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -117,6 +118,10 @@ pub(crate) struct ConnPool {
     bind: Option<IpAddr>,
     max_response_headers: usize,
     metrics: PoolMetrics,
+    /// Client traffic runs on worker threads (`workers.rs`): a connection driven by any
+    /// other runtime (the prober's) would never be taken again, and would only hold an
+    /// idle place, so it is closed after its exchange.
+    workers_serve: AtomicBool,
 }
 
 /// A connection in use, to be [released](Lease::release) back to its pool.
@@ -152,7 +157,13 @@ impl ConnPool {
             bind,
             max_response_headers,
             metrics,
+            workers_serve: AtomicBool::new(false),
         }
+    }
+
+    /// From now on client traffic runs on worker threads (see the field's docs).
+    pub(crate) fn serve_on_workers(&self) {
+        self.workers_serve.store(true, Ordering::Relaxed);
     }
 
     /// Open a new connection to `addr` within `timeout` (see [`connect`]).
@@ -214,7 +225,8 @@ impl ConnPool {
     /// Keep a connection whose exchange has completed for the next request, pushing
     /// out the oldest idle ones beyond the bounds.
     fn put(&self, addr: SocketAddr, sender: Sender) {
-        if sender.is_closed() {
+        let worker = crate::workers::current_index();
+        if sender.is_closed() || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
             return;
         }
         let PoolBounds {
@@ -235,7 +247,7 @@ impl ConnPool {
             let list = lists.by_addr.entry(addr).or_default();
             list.push_back(Idle {
                 sender,
-                worker: crate::workers::current_index(),
+                worker,
                 since,
                 seq,
             });
@@ -411,5 +423,26 @@ mod tests {
         crate::workers::pretend_worker(1);
         assert!(pool.take(addr, Instant::now()).is_some());
         assert_eq!(pool.idle_to(addr), 0);
+    }
+
+    #[tokio::test]
+    async fn with_workers_serving_a_connection_of_another_runtime_is_not_kept() {
+        let addr = server().await;
+        let registry = prometheus::Registry::new();
+        let metrics = crate::Metrics::new(&registry).unwrap();
+        let bounds = PoolBounds {
+            per_endpoint: 8,
+            total: 8,
+        };
+        let pool = ConnPool::new(Duration::from_secs(60), bounds, None, 100, metrics.pool());
+        // Off the workers and with no workers serving (tests, the testbed): kept.
+        let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
+        pool.put(addr, sender);
+        assert_eq!(pool.idle_to(addr), 1);
+        // Workers serve: a connection the prober's runtime drives is closed instead.
+        pool.serve_on_workers();
+        let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
+        pool.put(addr, sender);
+        assert_eq!(pool.idle_to(addr), 1);
     }
 }
