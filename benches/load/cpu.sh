@@ -11,7 +11,8 @@
 # Usage: benches/load/cpu.sh
 # Environment (defaults in brackets):
 #   DURATION [8s]  CONNECTIONS [32]  ROUNDS [5]  BASE_PORT [18280]
-#   PROXIMA_BIN [target/release/proxima, built if missing]
+#   PROXIMA_BIN [target/release/proxima, built if missing]; an older build works too (the
+#   worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 set -euo pipefail
 
 DURATION=${DURATION:-8s}
@@ -49,7 +50,7 @@ nginx -e "$WORK/origin.err" -p "$WORK" -c "$WORK/origin.conf" & PIDS+=($!)
 nginx -e "$WORK/nginx.err" -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
 haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.out" 2>&1 & PIDS+=($!)
 declare -A PID=([haproxy]=$!)
-"$PROXIMA_BIN" run --workers 1 --listen "127.0.0.1:${PORT[proxima]}" --admin "127.0.0.1:$((BASE_PORT + 4))" \
+TOKIO_WORKER_THREADS=1 "$PROXIMA_BIN" run --listen "127.0.0.1:${PORT[proxima]}" --admin "127.0.0.1:$((BASE_PORT + 4))" \
     --discovery "file:$WORK/discovery.yaml" --log-level warn >"$WORK/proxima.out" 2>&1 & PIDS+=($!)
 PID[proxima]=$!
 sleep 2
@@ -88,4 +89,4 @@ for t in "${TARGETS[@]}"; do
     echo "| $t | $(median 4) | $(median 5) | $(median 6) | $(median 7) |"
 done
 echo
-echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); proxima $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')"
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg); proxima ${PROXIMA_BIN#"$ROOT"/} at $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')"

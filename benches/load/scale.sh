@@ -11,6 +11,8 @@
 #   SERVICES [100]  PODS [10]  DURATION [20s]  CONNECTIONS [32]  WORKERS ["1 2"]
 #   BASE_PORT [18180] (origin port; proxy and admin use the next two)
 #   PROXIMA_ARGS [] extra flags for `proxima run` (e.g. --upstream-max-idle 256)
+#   PROXIMA_BIN [target/release/proxima, built first] another build to measure (an older
+#   one too: the worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 #   RESULTS_DIR [benches/load/results]
 set -euo pipefail
 
@@ -28,7 +30,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RESULTS_DIR=${RESULTS_DIR:-$ROOT/benches/load/results}
 STAMP=$(date +%Y-%m-%d_%H%M%S)
 WORK=$(mktemp -d /tmp/proxima-scale.XXXXXX)
-BIN=$ROOT/target/release/proxima
+BIN=${PROXIMA_BIN:-}
 
 log() { printf '[scale %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -45,9 +47,12 @@ trap cleanup EXIT
 for tool in wrk nginx curl; do
     command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs it)"
 done
-log "building proxima (release)"
-(cd "$ROOT" && cargo build --release -p proxima) >"$WORK/build.log" 2>&1 ||
-    { cat "$WORK/build.log" >&2; die "build failed"; }
+if [[ -z $BIN ]]; then
+    BIN=$ROOT/target/release/proxima
+    log "building proxima (release)"
+    (cd "$ROOT" && cargo build --release -p proxima) >"$WORK/build.log" 2>&1 ||
+        { cat "$WORK/build.log" >&2; die "build failed"; }
+fi
 
 # Pod i (0-based) of the whole cluster listens on 127.0.(1 + i/250).(1 + i%250).
 pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
@@ -87,13 +92,13 @@ mkdir -p "$RESULTS_DIR"
 {
     echo "# Proxima at $SERVICES Services x $PODS pods, $STAMP"
     echo
-    echo "proxima $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "proxima ${PROXIMA_BIN:-$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')}${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
     echo "| workers | req/s | RSS after load (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
     echo "|---:|---:|---:|---:|---:|---:|---:|"
 } >"$RESULT"
 for workers in $WORKERS; do
-    "$BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" --workers "$workers" \
+    TOKIO_WORKER_THREADS=$workers "$BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
         --discovery "file:$WORK/discovery.yaml" --log-level warn ${PROXIMA_ARGS:-} >"$WORK/proxima-$workers.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
