@@ -164,3 +164,90 @@ async fn a_bound_of_zero_keeps_no_idle_connection() {
         "each request had its own connection"
     );
 }
+
+/// Beyond `max_idle_buffered`, idle connections are parked: their socket stays pooled
+/// without HTTP state. Taking one back opens no new TCP connection, and one the pod
+/// closed while parked is noticed (or retried) without failing a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
+    const PODS: usize = 4;
+    let mut pods = Vec::new();
+    for i in 0..PODS {
+        pods.push(backend(&format!("pod-{i}")).await);
+    }
+    let config = ProxyConfig {
+        max_idle_buffered: 1,
+        ..ProxyConfig::default()
+    };
+    let endpoints = pods
+        .iter()
+        .enumerate()
+        .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
+        .collect();
+    let proxy = TestProxy::start_with(
+        config,
+        vec![(
+            service(
+                "shop",
+                "api",
+                &[],
+                &[("strategy", "round-robin"), ("latency-slo", "5s")],
+            ),
+            endpoints,
+        )],
+    )
+    .await;
+    let client = http1_client();
+    let url = proxy.url("/");
+    let round = || async {
+        for _ in 0..PODS {
+            let reply = get(&client, &url, &[("x-service", "api.shop")]).await;
+            assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+        }
+    };
+    round().await;
+    eventually(
+        "all but one idle connection parked",
+        Duration::from_secs(5),
+        || {
+            proxy.metric("proxima_upstream_idle_parked_connections") as usize
+                == proxy.proxy.idle_connections() - 1
+                && proxy.proxy.idle_connections() >= PODS
+        },
+    )
+    .await;
+
+    // Round robin over the pods: nearly every request takes a parked connection.
+    let opened = |pods: &[Backend]| -> u64 { pods.iter().map(|p| p.connections()).sum() };
+    let before = opened(&pods);
+    let served_before: u64 = pods.iter().map(|p| p.client_hits()).sum();
+    for _ in 0..5 {
+        round().await;
+    }
+    let served: u64 = pods.iter().map(|p| p.client_hits()).sum::<u64>() - served_before;
+    assert_eq!(served, 5 * PODS as u64);
+    assert_eq!(
+        opened(&pods),
+        before,
+        "parked connections were taken again instead of new ones"
+    );
+    assert!(proxy.metric("proxima_upstream_idle_parked_connections") >= (PODS - 1) as f64);
+
+    // A pod restarts on the same address: its graceful shutdown closes the idle (parked)
+    // connection under the pool. The next requests to it still succeed.
+    let victim = pods.remove(0);
+    let addr = victim.addr();
+    victim.shutdown().await;
+    let again = Backend::spawn(addr, BackendConfig::new("pod-0"))
+        .await
+        .expect("the pod comes back on its address");
+    pods.insert(0, again);
+    for _ in 0..3 {
+        round().await;
+    }
+    assert!(pods[0].client_hits() >= 3, "the restarted pod was not used");
+    assert!(
+        pods[0].connections() >= 1,
+        "the restarted pod's requests came on a new connection"
+    );
+}

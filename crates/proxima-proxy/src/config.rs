@@ -30,6 +30,10 @@ pub struct ProxyConfig {
     /// Most idle keep-alive connections kept in all; beyond it the oldest idle one (to
     /// any pod) is closed. `0` turns keep-alive to pods off. Default 1024.
     pub max_idle_total: usize,
+    /// Most idle keep-alive connections that keep their HTTP/1.1 state (about 32 KiB
+    /// each: buffers, channel, task); beyond it the oldest one is parked, keeping only
+    /// its socket until it is taken again. Default 64.
+    pub max_idle_buffered: usize,
     /// Local address bound before connecting to upstreams (client traffic and background
     /// probes alike), as HAProxy's `source`: on a host with several addresses it decides
     /// which one pods see as the peer. The port is chosen by the kernel. An upstream of the
@@ -78,6 +82,7 @@ impl Default for ProxyConfig {
             pool_idle_timeout: Duration::from_secs(60),
             max_idle_per_endpoint: 32,
             max_idle_total: 1024,
+            max_idle_buffered: 64,
             upstream_bind: None,
             client_header_timeout: Duration::from_secs(30),
             client_idle_timeout: Duration::from_secs(60),

@@ -125,7 +125,7 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// `replay` is the request's copy for a retry, if the caller keeps one; it serves the
 /// resend too, so a request is copied at most once.
 pub(crate) async fn attempt(
-    pool: &ConnPool,
+    pool: &Arc<ConnPool>,
     addr: SocketAddr,
     mut req: Request<RequestBody>,
     deadline: Instant,
@@ -136,7 +136,7 @@ pub(crate) async fn attempt(
     let mut stale = 0;
     loop {
         let pooled = if stale < MAX_STALE {
-            pool.take(addr, Instant::now())
+            pool.take(addr, Instant::now()).await
         } else {
             None
         };

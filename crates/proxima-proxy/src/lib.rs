@@ -93,6 +93,7 @@ impl Proxy {
             PoolBounds {
                 per_endpoint: config.max_idle_per_endpoint,
                 total: config.max_idle_total,
+                buffered: config.max_idle_buffered,
             },
             config.upstream_bind,
             config.max_response_headers,

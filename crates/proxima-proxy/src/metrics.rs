@@ -144,12 +144,15 @@ impl IdleCloseReason {
 #[derive(Clone, Debug)]
 pub(crate) struct PoolMetrics {
     idle: IntGauge,
+    parked: IntGauge,
     closed: [IntCounter; 3],
 }
 
 impl PoolMetrics {
-    pub(crate) fn set_idle(&self, count: usize) {
+    /// `count` idle connections are kept now, `parked` of them parked.
+    pub(crate) fn set_idle(&self, count: usize, parked: usize) {
         self.idle.set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.parked.set(i64::try_from(parked).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn idle_closed(&self, reason: IdleCloseReason) {
@@ -385,6 +388,11 @@ impl Metrics {
             "Idle keep-alive connections to pods kept for reuse now.",
         )?;
         registry.register(Box::new(idle.clone()))?;
+        let parked = IntGauge::new(
+            "proxima_upstream_idle_parked_connections",
+            "Of the idle keep-alive connections, those parked: the socket kept, its HTTP/1.1 buffers freed.",
+        )?;
+        registry.register(Box::new(parked.clone()))?;
         let idle_closed = counter_vec(
             registry,
             "proxima_upstream_idle_closed_total",
@@ -393,6 +401,7 @@ impl Metrics {
         )?;
         let pool = PoolMetrics {
             idle,
+            parked,
             closed: IdleCloseReason::ALL.map(|r| idle_closed.with_label_values(&[r.as_str()])),
         };
         let shed = IntCounter::new(

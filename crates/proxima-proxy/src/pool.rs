@@ -19,6 +19,21 @@
 //! `proxima_upstream_idle_closed_total`; `proxima_upstream_idle_connections` is the
 //! number kept now.
 //!
+//! ## Parked connections
+//!
+//! An idle HTTP/1.1 connection that hyper drives costs about 32 KiB: its read and write
+//! buffers (8 KiB each), its request channel and its task. In front of a thousand pods
+//! that is most of the proxy's memory, while only the most recently used connections
+//! are likely to be taken soon. So at most `max_idle_buffered` idle connections keep
+//! that state; beyond it, the oldest of them is *parked*: its task ends without
+//! shutting the socket down, the buffers are freed, and only the socket (a file
+//! descriptor and its reactor registration) stays in the pool, in the same place by
+//! age. Taking a parked connection first checks that the pod has not closed it nor
+//! sent anything unasked, then starts a new HTTP/1.1 exchange on it; no bytes go over
+//! the wire for that, so it saves the TCP handshake a fresh connection would cost.
+//! A parked connection is still a pooled one to the forwarding loop: if the pod closed
+//! it unseen, the request goes again on a fresh connection (see `forward.rs`).
+//!
 //! ## Returning connections
 //!
 //! A connection in use is a [`Lease`]: whoever finishes the exchange (the response
@@ -39,31 +54,101 @@
 //! are dropped after the lock is released.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::connect::connect_from;
 use crate::metrics::{IdleCloseReason, PoolMetrics};
 use crate::request_body::RequestBody;
 
 /// A connection to one pod, able to send the next request.
-pub(crate) type Sender = http1::SendRequest<RequestBody>;
+#[derive(Debug)]
+pub(crate) struct Sender {
+    inner: http1::SendRequest<RequestBody>,
+    /// Set by the pool when it parks the connection: when the sender is dropped, the
+    /// connection's task hands the socket back with the place it had (see [`Parking`]).
+    parking: Arc<OnceLock<Parking>>,
+}
+
+impl Sender {
+    /// Send `req` (hyper's `try_send_request`: the request comes back in the error when
+    /// nothing of it was written).
+    pub(crate) fn try_send_request(
+        &mut self,
+        req: http::Request<RequestBody>,
+    ) -> impl Future<
+        Output = Result<
+            http::Response<hyper::body::Incoming>,
+            hyper::client::conn::TrySendError<http::Request<RequestBody>>,
+        >,
+    > {
+        self.inner.try_send_request(req)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    fn is_ready(&self) -> bool {
+        self.inner.is_ready()
+    }
+}
+
+/// Where a parked connection goes back in the pool: its idle place by age and since when.
+#[derive(Clone, Copy, Debug)]
+struct Parking {
+    seq: u64,
+    since: Instant,
+}
 
 /// How many idle connections the pool keeps (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PoolBounds {
     pub(crate) per_endpoint: usize,
     pub(crate) total: usize,
+    /// Idle connections that keep their HTTP/1.1 state; the rest are parked.
+    pub(crate) buffered: usize,
+}
+
+/// An idle connection: ready for the next request, or parked (module docs).
+#[derive(Debug)]
+enum Held {
+    Ready(Sender),
+    Parked(TcpStream),
+}
+
+impl Held {
+    /// Whether the pod closed the connection (or sent something while nothing was asked,
+    /// which makes it unusable).
+    fn is_closed(&self) -> bool {
+        match self {
+            Held::Ready(sender) => sender.is_closed(),
+            Held::Parked(stream) => {
+                // Reads nothing unless the reactor saw the socket readable: an open, quiet
+                // connection answers `WouldBlock` without a system call.
+                !matches!(stream.try_read(&mut [0; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        match self {
+            Held::Ready(sender) => sender.is_ready(),
+            Held::Parked(_) => true,
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Idle {
-    sender: Sender,
+    held: Held,
     /// The worker thread whose runtime drives the connection (`workers.rs`).
     worker: u32,
     since: Instant,
@@ -77,12 +162,36 @@ struct Lists {
     by_addr: HashMap<SocketAddr, VecDeque<Idle>>,
     /// Sequence number (increasing with the time of return) -> address.
     by_age: BTreeMap<u64, SocketAddr>,
+    /// The same for the connections that are not parked.
+    buffered_by_age: BTreeMap<u64, SocketAddr>,
     next_seq: u64,
 }
 
 impl Lists {
     fn len(&self) -> usize {
         self.by_age.len()
+    }
+
+    fn parked(&self) -> usize {
+        self.by_age.len() - self.buffered_by_age.len()
+    }
+
+    /// Take `idle` out of the age orders (it has left its address's list).
+    fn forget(&mut self, idle: &Idle) {
+        self.by_age.remove(&idle.seq);
+        self.buffered_by_age.remove(&idle.seq);
+    }
+
+    /// Add `idle` to `addr`'s list, in its place by age.
+    fn insert(&mut self, addr: SocketAddr, idle: Idle) {
+        self.by_age.insert(idle.seq, addr);
+        if matches!(idle.held, Held::Ready(_)) {
+            self.buffered_by_age.insert(idle.seq, addr);
+        }
+        let list = self.by_addr.entry(addr).or_default();
+        // Nearly always the newest; a parked connection comes back in its old place.
+        let at = list.partition_point(|other| other.seq < idle.seq);
+        list.insert(at, idle);
     }
 
     /// Remove entry `i` of `addr`'s list.
@@ -92,20 +201,30 @@ impl Lists {
         if list.is_empty() {
             self.by_addr.remove(&addr);
         }
-        self.by_age.remove(&idle.seq);
+        self.forget(&idle);
         Some(idle)
+    }
+
+    /// Remove the entry of `addr` numbered `seq`.
+    fn remove_seq(&mut self, addr: SocketAddr, seq: u64) -> Option<Idle> {
+        let i = self
+            .by_addr
+            .get(&addr)?
+            .iter()
+            .position(|idle| idle.seq == seq)?;
+        self.remove(addr, i)
     }
 
     /// Remove the oldest idle connection of any address.
     fn pop_oldest(&mut self) -> Option<Idle> {
-        let (_, addr) = self.by_age.pop_first()?;
-        let list = self.by_addr.get_mut(&addr)?;
-        // Per address the list is ordered by age, so the oldest overall is its front.
-        let idle = list.pop_front();
-        if list.is_empty() {
-            self.by_addr.remove(&addr);
-        }
-        idle
+        let (&seq, &addr) = self.by_age.first_key_value()?;
+        self.remove_seq(addr, seq)
+    }
+
+    /// Remove the oldest connection that is not parked.
+    fn pop_oldest_buffered(&mut self) -> Option<Idle> {
+        let (&seq, &addr) = self.buffered_by_age.first_key_value()?;
+        self.remove_seq(addr, seq)
     }
 }
 
@@ -166,13 +285,54 @@ impl ConnPool {
         self.workers_serve.store(true, Ordering::Relaxed);
     }
 
-    /// Open a new connection to `addr` within `timeout` (see [`connect`]).
+    /// Open a new connection to `addr` within `timeout`, from the pool's bind address if
+    /// any, driven by its own task until its [`Sender`] is dropped or the pod closes it.
     pub(crate) async fn connect(
-        &self,
+        self: &Arc<Self>,
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Sender, ConnectError> {
-        connect(addr, timeout, self.bind, self.max_response_headers).await
+        let stream = tokio::time::timeout(timeout, connect_from(addr, self.bind))
+            .await
+            .map_err(|_| ConnectError::Timeout(timeout))??;
+        // Small requests and responses must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
+        self.drive(addr, stream)
+            .await
+            .map_err(ConnectError::Handshake)
+    }
+
+    /// Start HTTP/1.1 on `stream` (a new socket, or a parked one), with a task that
+    /// drives it and, if the pool parks it, hands the socket back (module docs).
+    async fn drive(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        stream: TcpStream,
+    ) -> Result<Sender, hyper::Error> {
+        let (inner, mut conn) = http1::Builder::new()
+            .max_headers(self.max_response_headers.max(1))
+            .handshake(TokioIo::new(stream))
+            .await?;
+        let parking = Arc::new(OnceLock::new());
+        let parked = Arc::clone(&parking);
+        let pool = Arc::downgrade(self);
+        tokio::spawn(async move {
+            match std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await {
+                Ok(()) => {
+                    if let Some(&place) = parked.get() {
+                        let parts = conn.into_parts();
+                        // Bytes nobody asked for make the socket useless for a request.
+                        if parts.read_buf.is_empty() {
+                            park(&pool, addr, parts.io.into_inner(), place);
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%addr, %error, "upstream connection ended with an error");
+                }
+            }
+        });
+        Ok(Sender { inner, parking })
     }
 
     fn lists(&self) -> std::sync::MutexGuard<'_, Lists> {
@@ -190,9 +350,18 @@ impl ConnPool {
     }
 
     /// The newest idle connection to `addr` that is ready for a request and driven by
-    /// the calling worker thread. Closed and expired ones are dropped on the way; ones
-    /// still finishing their previous exchange, and other workers' ones, are left.
-    pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Sender> {
+    /// the calling worker thread; a parked one starts HTTP/1.1 again. Closed and expired
+    /// ones are dropped on the way; ones still finishing their previous exchange, and
+    /// other workers' ones, are left.
+    pub(crate) async fn take(self: &Arc<Self>, addr: SocketAddr, now: Instant) -> Option<Sender> {
+        match self.take_idle(addr, now)? {
+            Held::Ready(sender) => Some(sender),
+            // The handshake writes nothing; it fails only if the runtime is shutting down.
+            Held::Parked(stream) => self.drive(addr, stream).await.ok(),
+        }
+    }
+
+    fn take_idle(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
         let worker = crate::workers::current_index();
         let mut dropped = Vec::new();
         let taken = {
@@ -205,17 +374,17 @@ impl ConnPool {
                     break;
                 };
                 let expired = now.duration_since(entry.since) >= self.idle_timeout;
-                if entry.sender.is_closed() || expired {
+                if expired || entry.held.is_closed() {
                     if expired {
                         self.metrics.idle_closed(IdleCloseReason::Expired);
                     }
                     dropped.extend(lists.remove(addr, i));
-                } else if entry.worker == worker && entry.sender.is_ready() {
-                    taken = lists.remove(addr, i).map(|idle| idle.sender);
+                } else if entry.worker == worker && entry.held.is_ready() {
+                    taken = lists.remove(addr, i).map(|idle| idle.held);
                     break;
                 }
             }
-            self.metrics.set_idle(lists.len());
+            self.metrics.set_idle(lists.len(), lists.parked());
             taken
         };
         drop(dropped);
@@ -223,61 +392,94 @@ impl ConnPool {
     }
 
     /// Keep a connection whose exchange has completed for the next request, pushing
-    /// out the oldest idle ones beyond the bounds.
+    /// out the oldest idle ones beyond the bounds and parking the oldest buffered ones
+    /// beyond theirs.
     fn put(&self, addr: SocketAddr, sender: Sender) {
         let worker = crate::workers::current_index();
         if sender.is_closed() || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
             return;
         }
-        let PoolBounds {
-            per_endpoint,
-            total,
-        } = self.bounds;
-        if per_endpoint == 0 || total == 0 {
+        if self.bounds.per_endpoint == 0 || self.bounds.total == 0 {
             // Keep-alive to pods is off.
             self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
             return;
         }
         let since = Instant::now();
-        let mut evicted = Vec::new();
+        let mut closing = Vec::new();
         {
             let mut lists = self.lists();
             let seq = lists.next_seq;
             lists.next_seq += 1;
-            let list = lists.by_addr.entry(addr).or_default();
-            list.push_back(Idle {
-                sender,
+            let idle = Idle {
+                held: Held::Ready(sender),
                 worker,
                 since,
                 seq,
-            });
-            let over = list.len().saturating_sub(per_endpoint);
-            let oldest: Vec<Idle> = list.drain(..over).collect();
-            lists.by_age.insert(seq, addr);
-            for idle in oldest {
-                lists.by_age.remove(&idle.seq);
-                self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
-                evicted.push(idle);
-            }
-            while lists.len() > total {
-                match lists.pop_oldest() {
-                    Some(idle) => {
-                        self.metrics.idle_closed(IdleCloseReason::TotalLimit);
-                        evicted.push(idle);
-                    }
-                    None => break,
+            };
+            self.keep(&mut lists, addr, idle, &mut closing);
+            while lists.buffered_by_age.len() > self.bounds.buffered {
+                let Some(idle) = lists.pop_oldest_buffered() else {
+                    break;
+                };
+                if let Held::Ready(sender) = &idle.held {
+                    // Dropping the sender (below, outside the lock) ends the connection's
+                    // task, which hands the socket back to `park`.
+                    let _ = sender.parking.set(Parking {
+                        seq: idle.seq,
+                        since: idle.since,
+                    });
                 }
+                closing.push(idle);
             }
-            self.metrics.set_idle(lists.len());
+            self.metrics.set_idle(lists.len(), lists.parked());
         }
         // Closing happens outside the lock.
-        drop(evicted);
+        drop(closing);
+    }
+
+    /// Put `idle` in the lists, and take out the oldest ones beyond the bounds into
+    /// `closing`.
+    fn keep(&self, lists: &mut Lists, addr: SocketAddr, idle: Idle, closing: &mut Vec<Idle>) {
+        lists.insert(addr, idle);
+        while lists.by_addr.get(&addr).map_or(0, VecDeque::len) > self.bounds.per_endpoint {
+            self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
+            closing.extend(lists.remove(addr, 0));
+        }
+        while lists.len() > self.bounds.total {
+            match lists.pop_oldest() {
+                Some(idle) => {
+                    self.metrics.idle_closed(IdleCloseReason::TotalLimit);
+                    closing.push(idle);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Take back the socket of a connection the pool parked, in its old place by age.
+    fn park(&self, addr: SocketAddr, stream: TcpStream, place: Parking) {
+        let held = Held::Parked(stream);
+        if held.is_closed() {
+            return;
+        }
+        let idle = Idle {
+            held,
+            worker: crate::workers::current_index(),
+            since: place.since,
+            seq: place.seq,
+        };
+        let mut closing = Vec::new();
+        {
+            let mut lists = self.lists();
+            self.keep(&mut lists, addr, idle, &mut closing);
+            self.metrics.set_idle(lists.len(), lists.parked());
+        }
+        drop(closing);
     }
 
     /// Close expired and closed connections.
     pub(crate) fn sweep(&self, now: Instant) {
-        let mut dropped = Vec::new();
-        {
+        let dropped = {
             let mut lists = self.lists();
             let lists = &mut *lists;
             let mut gone = Vec::new();
@@ -286,25 +488,25 @@ impl ConnPool {
                 while i < list.len() {
                     let entry = &list[i];
                     let expired = now.duration_since(entry.since) >= self.idle_timeout;
-                    if entry.sender.is_closed() || expired {
+                    if expired || entry.held.is_closed() {
                         if expired {
                             self.metrics.idle_closed(IdleCloseReason::Expired);
                         }
                         if let Some(idle) = list.remove(i) {
-                            gone.push(idle.seq);
-                            dropped.push(idle);
+                            gone.push(idle);
                         }
                     } else {
                         i += 1;
                     }
                 }
             }
-            for seq in gone {
-                lists.by_age.remove(&seq);
+            for idle in &gone {
+                lists.forget(idle);
             }
             lists.by_addr.retain(|_, list| !list.is_empty());
-            self.metrics.set_idle(lists.len());
-        }
+            self.metrics.set_idle(lists.len(), lists.parked());
+            gone
+        };
         drop(dropped);
     }
 
@@ -343,31 +545,11 @@ pub(crate) enum ConnectError {
     Closed(hyper::Error),
 }
 
-/// Open an HTTP/1.1 connection to `addr` within `timeout`, from `bind` when given, that
-/// accepts responses of up to `max_headers` header lines. The connection is driven by its
-/// own task until its `Sender` is dropped or the pod closes it.
-pub(crate) async fn connect(
-    addr: SocketAddr,
-    timeout: Duration,
-    bind: Option<IpAddr>,
-    max_headers: usize,
-) -> Result<Sender, ConnectError> {
-    let stream = tokio::time::timeout(timeout, connect_from(addr, bind))
-        .await
-        .map_err(|_| ConnectError::Timeout(timeout))??;
-    // Small requests and responses must not wait for Nagle's algorithm.
-    let _ = stream.set_nodelay(true);
-    let (sender, conn) = http1::Builder::new()
-        .max_headers(max_headers.max(1))
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(ConnectError::Handshake)?;
-    tokio::spawn(async move {
-        if let Err(error) = conn.await {
-            tracing::debug!(%addr, %error, "upstream connection ended with an error");
-        }
-    });
-    Ok(sender)
+/// Hand a parked connection's socket back to its pool, if the pool is still there.
+fn park(pool: &Weak<ConnPool>, addr: SocketAddr, stream: TcpStream, place: Parking) {
+    if let Some(pool) = pool.upgrade() {
+        pool.park(addr, stream, place);
+    }
 }
 
 #[cfg(test)]
@@ -404,8 +586,15 @@ mod tests {
         let bounds = PoolBounds {
             per_endpoint: 8,
             total: 8,
+            buffered: 8,
         };
-        let pool = ConnPool::new(Duration::from_secs(60), bounds, None, 100, metrics.pool());
+        let pool = Arc::new(ConnPool::new(
+            Duration::from_secs(60),
+            bounds,
+            None,
+            100,
+            metrics.pool(),
+        ));
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -415,13 +604,13 @@ mod tests {
 
         crate::workers::pretend_worker(2);
         assert!(
-            pool.take(addr, Instant::now()).is_none(),
+            pool.take(addr, Instant::now()).await.is_none(),
             "worker 2 took worker 1's"
         );
         assert_eq!(pool.idle_to(addr), 1, "and left it in the pool");
 
         crate::workers::pretend_worker(1);
-        assert!(pool.take(addr, Instant::now()).is_some());
+        assert!(pool.take(addr, Instant::now()).await.is_some());
         assert_eq!(pool.idle_to(addr), 0);
     }
 
@@ -433,8 +622,15 @@ mod tests {
         let bounds = PoolBounds {
             per_endpoint: 8,
             total: 8,
+            buffered: 8,
         };
-        let pool = ConnPool::new(Duration::from_secs(60), bounds, None, 100, metrics.pool());
+        let pool = Arc::new(ConnPool::new(
+            Duration::from_secs(60),
+            bounds,
+            None,
+            100,
+            metrics.pool(),
+        ));
         // Off the workers and with no workers serving (tests, the testbed): kept.
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         pool.put(addr, sender);
@@ -444,5 +640,49 @@ mod tests {
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         pool.put(addr, sender);
         assert_eq!(pool.idle_to(addr), 1);
+    }
+
+    #[tokio::test]
+    async fn a_parked_connection_keeps_its_place_by_age() {
+        let (a, b, c) = (server().await, server().await, server().await);
+        let registry = prometheus::Registry::new();
+        let metrics = crate::Metrics::new(&registry).unwrap();
+        let bounds = PoolBounds {
+            per_endpoint: 8,
+            total: 2,
+            buffered: 1,
+        };
+        let pool = Arc::new(ConnPool::new(
+            Duration::from_secs(60),
+            bounds,
+            None,
+            100,
+            metrics.pool(),
+        ));
+        for addr in [a, b] {
+            let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
+            pool.put(addr, sender);
+        }
+        // `a`'s connection was the oldest buffered one: its task hands the socket back.
+        let parked_back = |pool: Arc<ConnPool>| async move {
+            for _ in 0..100 {
+                if pool.lists().parked() == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(pool.lists().parked(), 1);
+        };
+        parked_back(pool.clone()).await;
+        assert_eq!((pool.idle_to(a), pool.idle_to(b)), (1, 1));
+        // A third connection overfills the pool: the oldest by age goes, which is the
+        // parked one, not the one returned after it (which is parked in turn).
+        let sender = pool.connect(c, Duration::from_secs(5)).await.unwrap();
+        pool.put(c, sender);
+        parked_back(pool.clone()).await;
+        assert_eq!(
+            (pool.idle_to(a), pool.idle_to(b), pool.idle_to(c)),
+            (0, 1, 1)
+        );
     }
 }

@@ -321,6 +321,17 @@ pub struct ProxyArgs {
     )]
     pub upstream_max_idle: usize,
 
+    /// Of the idle keep-alive connections, most that keep their HTTP/1.1 buffers and task
+    /// (about 32 KiB each); beyond it the least recently used are parked: only the socket
+    /// is kept, and taking it again costs no TCP handshake. 0 parks every idle connection.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_MAX_IDLE_BUFFERED",
+        default_value = "64",
+        value_name = "COUNT"
+    )]
+    pub upstream_max_idle_buffered: usize,
+
     /// Local address to connect to pods from (as HAProxy's `source`): pods, and
     /// anything between, see it as the peer. Background probes and peer latency probes
     /// leave from it too. Default: the kernel chooses.
@@ -719,6 +730,7 @@ impl ProxyArgs {
             pool_idle_timeout: self.upstream_idle_timeout,
             max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
             max_idle_total: self.upstream_max_idle,
+            max_idle_buffered: self.upstream_max_idle_buffered,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
