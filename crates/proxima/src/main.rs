@@ -4,6 +4,7 @@
 mod check;
 mod cli;
 mod demo;
+mod heap;
 mod kubernetes;
 mod load;
 mod logging;

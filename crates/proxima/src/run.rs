@@ -244,6 +244,13 @@ pub async fn serve(
             ("prober", Ok(()))
         }
     });
+    tasks.spawn({
+        let stop = shutdown.wait();
+        async move {
+            crate::heap::give_back_free_pages(stop).await;
+            ("heap trim", Ok(()))
+        }
+    });
     info!(proxy = %bound.proxy, admin = %bound.admin, "proxima is ready");
     on_ready(bound);
 
