@@ -14,7 +14,7 @@ use std::future::Future;
 use std::time::Duration;
 
 /// How often free heap pages are given back.
-pub const TRIM_EVERY: Duration = Duration::from_secs(30);
+pub const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 /// Give free heap pages back now, and every [`TRIM_EVERY`] until `stop` resolves.
 pub async fn give_back_free_pages(stop: impl Future<Output = ()>) {
