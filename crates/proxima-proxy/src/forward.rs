@@ -484,7 +484,7 @@ impl Proxy {
         service: &ServiceMetrics,
         stall_start: Duration,
         slo: Duration,
-        attempt: impl std::future::Future<Output = Attempt>,
+        mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
     ) -> Attempt {
         let mut abandoned = Abandoned {
             proxy: self,
@@ -493,12 +493,11 @@ impl Proxy {
             stall_start,
             armed: true,
         };
-        tokio::pin!(attempt);
         let mut overdue_at = picked.at + slo;
         let result = loop {
             tokio::select! {
                 biased;
-                result = &mut attempt => break result,
+                result = attempt.as_mut() => break result,
                 () = tokio::time::sleep_until(overdue_at.into()), if !picked.overdue() => {
                     let now = Instant::now();
                     let stall = self.stall_total(now).saturating_sub(stall_start);
@@ -653,6 +652,9 @@ impl Proxy {
 
             crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
             let stall_start = self.stall_total(attempt_start);
+            // Pinned here and watched by reference: a future taken by value would be
+            // stored twice in `watched`'s state (argument and pinned local), and each
+            // copy of this one is moved with every move of the request's future.
             let sent = attempt(
                 &self.pool,
                 addr,
@@ -661,6 +663,7 @@ impl Proxy {
                 connect_timeout,
                 replay.as_ref(),
             );
+            tokio::pin!(sent);
             let failed = match self
                 .watched(&picked, &service, stall_start, slo, sent)
                 .await

@@ -414,16 +414,19 @@ fn connection_service(
                 };
                 let named = target.as_ref().map(|t| &*t.key);
                 let span = crate::spans::request(named.map_err(|bad| bad.named.as_str()));
-                Ok(proxy
-                    .clone()
-                    .forward(req, target, client_ip.clone())
-                    .instrument(span))
+                Ok((req, target, span))
             }
         };
+        let proxy = proxy.clone();
+        let client_ip = client_ip.clone();
         async move {
+            // The forwarding future is several KiB: it is built here, inside this
+            // future's own state, so that hyper moves only the small unstarted future.
             let response = match work {
                 Err(refused) => refused,
-                Ok(forwarded) => forwarded.await,
+                Ok((req, target, span)) => {
+                    proxy.forward(req, target, client_ip).instrument(span).await
+                }
             };
             Ok::<_, Infallible>(response.map(|body| {
                 let body = body.holding(in_flight);
