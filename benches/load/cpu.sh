@@ -11,7 +11,7 @@
 # Usage: benches/load/cpu.sh
 # Environment (defaults in brackets):
 #   DURATION [8s]  CONNECTIONS [32]  ROUNDS [5]  BASE_PORT [18280]
-#   PROXIMA_BIN [target/release/proxima, built if missing]; an older build works too (the
+#   PROXIMA_BIN [target/dist/proxima, built if missing]; an older build works too (the
 #   worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 set -euo pipefail
 
@@ -20,7 +20,7 @@ CONNECTIONS=${CONNECTIONS:-32}
 ROUNDS=${ROUNDS:-5}
 BASE_PORT=${BASE_PORT:-18280}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PROXIMA_BIN=${PROXIMA_BIN:-$ROOT/target/release/proxima}
+PROXIMA_BIN=${PROXIMA_BIN:-$ROOT/target/dist/proxima}
 WORK=$(mktemp -d /tmp/proxima-cpu.XXXXXX)
 ORIGIN=$BASE_PORT
 declare -A PORT=([nginx]=$((BASE_PORT + 1)) [haproxy]=$((BASE_PORT + 2)) [proxima]=$((BASE_PORT + 3)))
@@ -38,7 +38,7 @@ trap cleanup EXIT
 for tool in wrk nginx haproxy curl; do
     command -v "$tool" >/dev/null || { log "$tool is missing (benches/load/run.sh installs it)"; exit 1; }
 done
-[[ -x $PROXIMA_BIN ]] || (cd "$ROOT" && cargo build --release -p proxima)
+[[ -x $PROXIMA_BIN ]] || (cd "$ROOT" && cargo build --profile dist -p proxima)
 
 # The same configs as run.sh, with one worker each.
 WORKERS=1 ORIGIN_WORKERS=1 ORIGIN_PORT=$ORIGIN NGINX_PORT=${PORT[nginx]} HAPROXY_PORT=${PORT[haproxy]}

@@ -88,16 +88,16 @@ for port in $ORIGIN_PORT $NGINX_PORT $HAPROXY_PORT $PROXIMA_PORT $PROXIMA_ADMIN_
 done
 
 # ---------------------------------------------------------------- proxima
-PROXIMA_BIN=$ROOT/target/release/proxima
+PROXIMA_BIN=$ROOT/target/dist/proxima
 PROXIMA_NOTE="Proxima was skipped (PROXIMA=skip)."
 if [[ $PROXIMA != skip ]]; then
-    log "building proxima (release)"
-    if (cd "$ROOT" && cargo build --release -p proxima) >"$WORK/cargo-build.log" 2>&1 &&
+    log "building proxima (profile dist: fat LTO, a few minutes)"
+    if (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/cargo-build.log" 2>&1 &&
         "$PROXIMA_BIN" run --help >/dev/null 2>&1; then
         PROXIMA=yes
     else
         [[ $PROXIMA == require ]] && { cat "$WORK/cargo-build.log" >&2; die "proxima is not available"; }
-        PROXIMA_NOTE="Proxima was not measured: \`cargo build --release -p proxima\` failed or the binary has no \`run\` subcommand yet."
+        PROXIMA_NOTE="Proxima was not measured: \`cargo build --profile dist -p proxima\` failed or the binary has no \`run\` subcommand yet."
         log "$PROXIMA_NOTE"
         PROXIMA=skip
     fi

@@ -11,7 +11,7 @@
 #   SERVICES [100]  PODS [10]  DURATION [20s]  CONNECTIONS [32]  WORKERS ["1 2"]
 #   BASE_PORT [18180] (origin port; proxy and admin use the next two)
 #   PROXIMA_ARGS [] extra flags for `proxima run` (e.g. --upstream-max-idle 256)
-#   PROXIMA_BIN [target/release/proxima, built first] another build to measure (an older
+#   PROXIMA_BIN [target/dist/proxima, built first] another build to measure (an older
 #   one too: the worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 #   RESULTS_DIR [benches/load/results]
 set -euo pipefail
@@ -48,9 +48,9 @@ for tool in wrk nginx curl; do
     command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs it)"
 done
 if [[ -z $BIN ]]; then
-    BIN=$ROOT/target/release/proxima
-    log "building proxima (release)"
-    (cd "$ROOT" && cargo build --release -p proxima) >"$WORK/build.log" 2>&1 ||
+    BIN=$ROOT/target/dist/proxima
+    log "building proxima (profile dist: fat LTO, a few minutes)"
+    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
         { cat "$WORK/build.log" >&2; die "build failed"; }
 fi
 
