@@ -26,6 +26,11 @@
 //! While every sample is fresh, which is the steady state, a prediction is then two
 //! binary searches and one array read; only a window holding stale samples is filtered
 //! and ranked sample by sample. Both ways give the same numbers.
+//!
+//! Memory: a thousand endpoints keep a thousand windows, so a sample is 16 bytes (its
+//! time as signed nanoseconds from the estimator's first sample, and its value), its
+//! position in the sequence of samples is implied by its place in the window, and the
+//! window's storage grows with the samples instead of being reserved up front.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -36,24 +41,29 @@ const EWMA_ALPHA: f64 = 0.3;
 /// Marker value of a failed request: larger than any SLO.
 const MISS_US: u64 = u64::MAX;
 
+/// A time as signed nanoseconds from the estimator's `base` (exact for ±292 years).
+type Stamp = i64;
+
 #[derive(Clone, Copy, Debug)]
 struct Sample {
-    at: Instant,
+    at: Stamp,
     micros: u64,
-    /// Position in the sequence of samples ever pushed (identifies it in `oldest`).
-    seq: u64,
 }
 
 /// Sliding-window latency estimator for one endpoint. See the module docs.
 #[derive(Clone, Debug)]
 pub struct LatencyEstimator {
     window: usize,
+    /// Oldest first. The one at index `i` is sample number `total - len + i` of all
+    /// samples ever pushed (its `seq`, which identifies it in `oldest`).
     samples: VecDeque<Sample>,
     /// The values of `samples`, ascending.
     sorted: Vec<u64>,
     /// Candidates for the oldest sample as `(seq, at)`, both ascending: the front is
     /// the oldest sample in the window (a monotonic queue over the window).
-    oldest: VecDeque<(u64, Instant)>,
+    oldest: VecDeque<(u64, Stamp)>,
+    /// The origin of the samples' [`Stamp`]s: the time of the first sample.
+    base: Option<Instant>,
     ewma_us: Option<f64>,
     total: u64,
 }
@@ -90,9 +100,10 @@ impl LatencyEstimator {
         let window = window.max(1);
         Self {
             window,
-            samples: VecDeque::with_capacity(window),
-            sorted: Vec::with_capacity(window),
+            samples: VecDeque::new(),
+            sorted: Vec::new(),
             oldest: VecDeque::new(),
+            base: None,
             ewma_us: None,
             total: 0,
         }
@@ -127,12 +138,30 @@ impl LatencyEstimator {
         self.push(now, MISS_US);
     }
 
+    /// `at` as a [`Stamp`] (0 while there is no sample yet).
+    fn stamp(&self, at: Instant) -> Stamp {
+        let Some(base) = self.base else { return 0 };
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match at.checked_duration_since(base) {
+            Some(after) => nanos(after),
+            None => -nanos(base.duration_since(at)),
+        }
+    }
+
+    /// Whether a sample taken at `at` is at most `max_age` old at `now` (a stamp).
+    fn is_fresh(at: Stamp, now: Stamp, max_age: Duration) -> bool {
+        let age = u128::try_from(i128::from(now) - i128::from(at)).unwrap_or(0);
+        age <= max_age.as_nanos()
+    }
+
     fn push(&mut self, at: Instant, micros: u64) {
         if self.samples.len() == self.window {
             self.pop_oldest();
         }
         let seq = self.total;
-        self.samples.push_back(Sample { at, micros, seq });
+        self.base.get_or_insert(at);
+        let at = self.stamp(at);
+        self.samples.push_back(Sample { at, micros });
         let position = self.sorted.partition_point(|&v| v < micros);
         self.sorted.insert(position, micros);
         while self.oldest.back().is_some_and(|&(_, t)| t >= at) {
@@ -144,6 +173,7 @@ impl LatencyEstimator {
 
     /// Drop the sample pushed first.
     fn pop_oldest(&mut self) {
+        let seq = self.total - self.samples.len() as u64;
         let Some(sample) = self.samples.pop_front() else {
             return;
         };
@@ -152,7 +182,7 @@ impl LatencyEstimator {
         if self
             .oldest
             .front()
-            .is_some_and(|&(seq, _)| seq == sample.seq)
+            .is_some_and(|&(oldest, _)| oldest == seq)
         {
             self.oldest.pop_front();
         }
@@ -171,26 +201,30 @@ impl LatencyEstimator {
     /// ordinary outlier right after its return does not evict it again).
     pub fn forget_misses_before(&mut self, before: Instant, slo: Duration) {
         let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        let before = self.stamp(before);
         self.samples
             .retain(|s| s.at >= before || s.micros <= slo_us);
-        // Rare (a re-admission): rebuild the sorted values and the oldest-sample queue.
+        // Rare (a re-admission): rebuild the sorted values and the oldest-sample queue
+        // (the samples kept are numbered afresh by their places).
         self.sorted.clear();
         self.sorted.extend(self.samples.iter().map(|s| s.micros));
         self.sorted.sort_unstable();
         self.oldest.clear();
-        for s in &self.samples {
+        let first = self.total - self.samples.len() as u64;
+        for (seq, s) in (first..).zip(&self.samples) {
             while self.oldest.back().is_some_and(|&(_, t)| t >= s.at) {
                 self.oldest.pop_back();
             }
-            self.oldest.push_back((s.seq, s.at));
+            self.oldest.push_back((seq, s.at));
         }
     }
 
     /// Whether every sample in the window is fresh at `now`.
     fn all_fresh(&self, now: Instant, max_age: Duration) -> bool {
+        let now = self.stamp(now);
         self.oldest
             .front()
-            .is_none_or(|&(_, at)| now.saturating_duration_since(at) <= max_age)
+            .is_none_or(|&(_, at)| Self::is_fresh(at, now, max_age))
     }
 
     /// Measurements recorded over the estimator's life.
@@ -199,9 +233,10 @@ impl LatencyEstimator {
     }
 
     fn fresh(&self, now: Instant, max_age: Duration) -> impl Iterator<Item = &Sample> {
+        let now = self.stamp(now);
         self.samples
             .iter()
-            .filter(move |s| now.saturating_duration_since(s.at) <= max_age)
+            .filter(move |s| Self::is_fresh(s.at, now, max_age))
     }
 
     /// The prediction for `slo` at `percentile` from samples no older than `max_age`.
@@ -415,6 +450,14 @@ mod tests {
             us => Duration::from_micros(us),
         });
         (fresh.len(), within, quantile)
+    }
+
+    #[test]
+    fn a_sample_takes_sixteen_bytes_and_nothing_is_reserved_before_the_first() {
+        // A thousand endpoints keep a thousand windows (see the module docs).
+        assert_eq!(std::mem::size_of::<Sample>(), 16);
+        let e = LatencyEstimator::new(64);
+        assert_eq!(e.samples.capacity() + e.sorted.capacity(), 0);
     }
 
     #[test]
