@@ -330,6 +330,83 @@ async fn silent_and_idle_client_connections_are_closed() {
     );
 }
 
+/// Read one `200` answer whose body is `hi`, leaving the connection open.
+async fn read_ok_hi(stream: &mut TcpStream) {
+    let mut data = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !data.ends_with(b"hi") {
+        let n = stream.read(&mut chunk).await.expect("an answer");
+        assert!(n > 0, "closed before the answer");
+        data.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        data.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&data)
+    );
+}
+
+/// HTTP/1.1 keep-alive: after a request, a silent connection is closed by the idle limit,
+/// and a next request whose head has begun but does not complete, by the header limit
+/// counted from its first byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_http1_head_that_never_completes_meets_the_header_timeout() {
+    let dir = TempDir::new("slow-head");
+    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
+    let proxima = start(
+        &dir,
+        &[("api", pod)],
+        &[
+            "--client-header-timeout",
+            "1s",
+            "--client-idle-timeout",
+            "4s",
+        ],
+    )
+    .await;
+    let request = b"GET / HTTP/1.1\r\nhost: x\r\nx-service: api\r\n\r\n";
+    // Silent after a request: still open after twice the header limit, closed by the
+    // idle limit.
+    let mut silent = TcpStream::connect(proxima.proxy).await.unwrap();
+    silent.write_all(request).await.unwrap();
+    read_ok_hi(&mut silent).await;
+    assert!(
+        !closed_within(&mut silent, Duration::from_secs(2)).await,
+        "a silent keep-alive connection was closed before its idle limit"
+    );
+    assert!(closed_within(&mut silent, Duration::from_secs(10)).await);
+
+    // A next head begun and left unfinished: closed by the header limit, well before
+    // the idle one.
+    let mut slow = TcpStream::connect(proxima.proxy).await.unwrap();
+    slow.write_all(request).await.unwrap();
+    read_ok_hi(&mut slow).await;
+    slow.write_all(b"GET / HTTP/1.1\r\nx-serv").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(closed_within(&mut slow, Duration::from_secs(10)).await);
+    assert!(
+        started.elapsed() < Duration::from_millis(3500),
+        "closed after {:?}: the idle limit, not the header limit",
+        started.elapsed()
+    );
+
+    let metrics = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"header_timeout\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"idle\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+}
+
 // ---- 2. stale keep-alive connections ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,12 +4,14 @@
 //! hyper's own header read timeout starts only once the auto server has told HTTP/1 from
 //! HTTP/2, and HTTP/2 has no idle timeout at all: a socket that sends nothing, or only
 //! part of the HTTP/2 preface, or an HTTP/2 connection after its last stream, would stay
-//! open for ever. So every connection carries a [`ConnActivity`]:
+//! open for ever; and hyper's HTTP/1 timer costs an allocation and a timer-wheel entry
+//! per request. So hyper's is off, and every connection carries a [`ConnActivity`]:
 //!
 //! * the connection's service marks each request in flight ([`InFlight`]) from the
 //!   moment its headers are parsed until its response body has been sent or dropped;
 //! * the socket is wrapped in [`Watched`], which notes the time of the last byte read
-//!   or written.
+//!   or written, and on HTTP/1.1 the time the first byte of the next request's head
+//!   arrived while nothing was in flight.
 //!
 //! The task driving the connection asks [`ConnActivity::next_check`] when it must look
 //! again, and [`ConnActivity::verdict`] what to do then. Requests beginning and ending
@@ -23,6 +25,7 @@
 //! |---|---|---|
 //! | no request yet | `client_header_timeout` from the accept | close |
 //! | nothing in flight after a request | `client_idle_timeout` from the last response | graceful close (HTTP/2 GOAWAY) |
+//! | HTTP/1.1: the next request's head begun, not complete | `client_header_timeout` from its first byte (or the idle limit, if sooner) | close |
 //! | a response body streaming | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
 //!
@@ -37,7 +40,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -72,6 +75,11 @@ pub(crate) struct ConnActivity {
     started: AtomicU64,
     /// Milliseconds after `born` of the last byte read or written.
     last_io_ms: AtomicU64,
+    /// Milliseconds after `born` of the first byte of the next HTTP/1.1 request head,
+    /// read while nothing was in flight; [`NO_HEAD`] when none has begun.
+    head_from_ms: AtomicU64,
+    /// The connection speaks HTTP/1 (known from its first request).
+    http1: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -85,6 +93,9 @@ pub(crate) enum Verdict {
     Cut(CloseReason),
 }
 
+/// [`ConnActivity::head_from_ms`] when no head has begun.
+const NO_HEAD: u64 = u64::MAX;
+
 impl ConnActivity {
     pub(crate) fn new(now: Instant) -> Arc<Self> {
         Arc::new(Self {
@@ -92,6 +103,8 @@ impl ConnActivity {
             busy: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             last_io_ms: AtomicU64::new(0),
+            head_from_ms: AtomicU64::new(NO_HEAD),
+            http1: AtomicBool::new(false),
             state: Mutex::new(State {
                 in_flight: 0,
                 streaming: 0,
@@ -105,9 +118,31 @@ impl ConnActivity {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
+    }
+
     fn touch(&self) {
-        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_io_ms.store(ms, Ordering::Relaxed);
+        self.last_io_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// Bytes arrived while nothing was in flight: on HTTP/1.1 after a first request,
+    /// they begin the next request's head, which has `client_header_timeout` from now.
+    fn head_bytes(&self) {
+        if self.http1.load(Ordering::Relaxed)
+            && self.head_from_ms.load(Ordering::Relaxed) == NO_HEAD
+        {
+            self.head_from_ms
+                .store(self.elapsed_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// When the next HTTP/1.1 request's head began, if it has.
+    fn head_from(&self) -> Option<Instant> {
+        match self.head_from_ms.load(Ordering::Relaxed) {
+            NO_HEAD => None,
+            ms => Some(self.born + Duration::from_millis(ms)),
+        }
     }
 
     fn last_io(&self) -> Instant {
@@ -115,7 +150,12 @@ impl ConnActivity {
     }
 
     /// A request's headers have arrived; it is in flight until the guard is dropped.
-    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
+    /// `http1`: the request came over HTTP/1.x.
+    pub(crate) fn begin(self: &Arc<Self>, http1: bool) -> InFlight {
+        if http1 {
+            self.http1.store(true, Ordering::Relaxed);
+        }
+        self.head_from_ms.store(NO_HEAD, Ordering::Relaxed);
         {
             let mut state = self.state();
             state.in_flight += 1;
@@ -149,7 +189,11 @@ impl ConnActivity {
         } else if state.requests == 0 {
             Some(state.idle_since + timeouts.header)
         } else {
-            Some(state.idle_since + timeouts.idle)
+            let idle = state.idle_since + timeouts.idle;
+            Some(
+                self.head_from()
+                    .map_or(idle, |from| idle.min(from + timeouts.header)),
+            )
         }
     }
 
@@ -168,6 +212,12 @@ impl ConnActivity {
             };
             if now.saturating_duration_since(state.idle_since) >= limit {
                 return Verdict::Close(reason);
+            }
+            let head_late = self
+                .head_from()
+                .is_some_and(|from| now.saturating_duration_since(from) >= timeouts.header);
+            if state.requests > 0 && head_late {
+                return Verdict::Close(CloseReason::HeaderTimeout);
             }
         }
         Verdict::Keep
@@ -354,6 +404,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.activity.touch();
+            if this.idle() {
+                this.activity.head_bytes();
+            }
             let started = this.activity.started.load(Ordering::Relaxed);
             if started != this.counted_from {
                 // A request began since: what is read between requests now is the next head.
@@ -507,7 +560,7 @@ mod tests {
         let t0 = Instant::now();
         let activity = ConnActivity::new(t0);
         let t = timeouts();
-        let guard = activity.begin();
+        let guard = activity.begin(true);
         assert_eq!(activity.deadline(&t), None);
         let later = t0 + Duration::from_millis(500);
         assert_eq!(activity.next_check(&t, later), later + t.header);
@@ -533,6 +586,42 @@ mod tests {
             activity.verdict(&t, idle),
             Verdict::Close(CloseReason::Idle)
         );
+    }
+
+    #[test]
+    fn a_begun_http1_head_has_the_header_timeout_and_a_silent_keep_alive_the_idle_one() {
+        let t0 = Instant::now();
+        let t = timeouts();
+        assert!(t.header < t.idle);
+        for http1 in [true, false] {
+            let activity = ConnActivity::new(t0);
+            drop(activity.begin(http1));
+            let idle_since = activity.state().idle_since;
+            // Silent after its request: the idle limit, not the header one.
+            assert_eq!(activity.deadline(&t), Some(idle_since + t.idle));
+            assert_eq!(activity.verdict(&t, idle_since + t.header), Verdict::Keep);
+            // Bytes of a next head arrive while nothing is in flight: on HTTP/1.1 the
+            // head must be complete within the header limit (HTTP/2 frames between
+            // streams are no head).
+            activity.head_bytes();
+            let from = activity.head_from();
+            assert_eq!(from.is_some(), http1);
+            if let Some(from) = from {
+                assert_eq!(activity.deadline(&t), Some(from + t.header));
+                assert_eq!(
+                    activity.verdict(&t, from + t.header),
+                    Verdict::Close(CloseReason::HeaderTimeout)
+                );
+                // Once the head is complete the request is in flight, and the clock of
+                // the next head starts afresh.
+                let guard = activity.begin(true);
+                assert_eq!(activity.head_from(), None);
+                assert_eq!(activity.verdict(&t, from + t.header), Verdict::Keep);
+                drop(guard);
+            } else {
+                assert_eq!(activity.verdict(&t, idle_since + t.header), Verdict::Keep);
+            }
+        }
     }
 
     #[test]

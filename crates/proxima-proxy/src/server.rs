@@ -134,10 +134,10 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
         .max(HYPER_DEFAULT_MAX_BUF);
     builder
         .http1()
-        // The timer enables hyper's header read timeout, which also closes keep-alive
-        // connections that stay silent that long.
+        // The header timeout is the connection driver's (`conn.rs`): hyper's would arm a
+        // timer for every request.
         .timer(TokioTimer::new())
-        .header_read_timeout(config.client_header_timeout)
+        .header_read_timeout(None)
         .max_headers(config.max_request_headers.saturating_mul(4).max(100))
         .max_buf_size(buffer);
     builder
@@ -399,7 +399,7 @@ fn connection_service(
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
     let cache = RefCell::new(TargetCache::default());
     service_fn(move |req: Request<Incoming>| {
-        let in_flight = activity.begin();
+        let in_flight = activity.begin(req.version() < http::Version::HTTP_2);
         let admission = proxy.admission.clone().try_acquire_owned().ok();
         let refused = match admission {
             None => Some(shed(&proxy)),
