@@ -364,7 +364,8 @@ pub struct ProxyArgs {
 pub struct LimitArgs {
     /// Time a new client connection has to send its first request's headers (this
     /// covers telling HTTP/1.1 from HTTP/2, so silent sockets and partial HTTP/2
-    /// prefaces are closed), and an HTTP/1.1 client each next request's headers once their first byte arrived.
+    /// prefaces are closed), and an HTTP/1.1 client each next request's headers once
+    /// their first byte arrived.
     #[arg(
         long,
         env = "PROXIMA_CLIENT_HEADER_TIMEOUT",
