@@ -215,10 +215,12 @@ async fn a_pod_keeps_its_history_until_its_address_changes() {
     let proxima = Proxima::start(&["run", "--discovery", &discovery]).await;
     let (proxy, admin) = (proxima.proxy, proxima.admin);
     let http = client();
+    // Measured by client requests, not only by its first probe, so that a reset to
+    // nothing shows below.
     eventually("web-0 measured", || async {
         send(&http, proxy, 5).await;
         let p = pools(&http, admin).await;
-        (endpoint(&p, "web-0")?["samples"].as_u64()? > 0).then_some(())
+        (endpoint(&p, "web-0")?["requests"].as_u64()? > 0).then_some(())
     })
     .await;
     let before = pools(&http, admin).await;
@@ -258,7 +260,9 @@ async fn a_pod_keeps_its_history_until_its_address_changes() {
     })
     .await;
     let web0 = endpoint(&moved, "web-0").unwrap();
-    assert_eq!(web0["samples"], 0, "{moved:#}");
+    // Nothing of the old history; at most the new pod's first probe (every new pod
+    // gets one at once) may already have landed.
+    assert!(web0["samples"].as_u64() <= Some(1), "{moved:#}");
     assert_eq!(web0["requests"], 0, "{moved:#}");
     // And it serves from there.
     eventually("the new web-0 answers", || async {

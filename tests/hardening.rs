@@ -263,21 +263,24 @@ fn metric(text: &str, series: &str) -> f64 {
 
 // ---- 1. silent connections ----
 
+/// A proxy in front of one pod (`api`, answering `hi`) with the client header and idle
+/// timeouts given; the directory holds its topology.
+async fn with_client_timeouts(name: &str, header: &str, idle: &str) -> (TempDir, Proxima) {
+    let dir = TempDir::new(name);
+    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
+    let flags = [
+        "--client-header-timeout",
+        header,
+        "--client-idle-timeout",
+        idle,
+    ];
+    let proxima = start(&dir, &[("api", pod)], &flags).await;
+    (dir, proxima)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_idle_client_connections_are_closed() {
-    let dir = TempDir::new("silent");
-    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
-    let proxima = start(
-        &dir,
-        &[("api", pod)],
-        &[
-            "--client-header-timeout",
-            "1s",
-            "--client-idle-timeout",
-            "2s",
-        ],
-    )
-    .await;
+    let (_dir, proxima) = with_client_timeouts("silent", "1s", "2s").await;
     let proxy = proxima.proxy;
     let openers: [&[u8]; 4] = [
         b"",
@@ -351,19 +354,7 @@ async fn read_ok_hi(stream: &mut TcpStream) {
 /// counted from its first byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_http1_head_that_never_completes_meets_the_header_timeout() {
-    let dir = TempDir::new("slow-head");
-    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
-    let proxima = start(
-        &dir,
-        &[("api", pod)],
-        &[
-            "--client-header-timeout",
-            "1s",
-            "--client-idle-timeout",
-            "4s",
-        ],
-    )
-    .await;
+    let (_dir, proxima) = with_client_timeouts("slow-head", "1s", "4s").await;
     let request = b"GET / HTTP/1.1\r\nhost: x\r\nx-service: api\r\n\r\n";
     // Silent after a request: still open after twice the header limit, closed by the
     // idle limit.

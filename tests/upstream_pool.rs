@@ -18,6 +18,14 @@ const PODS: usize = 8;
 /// Concurrent requests per pod in the burst: each needs its own connection.
 const CONCURRENT_PER_POD: usize = 6;
 
+/// One endpoint per pod, named `pod-<i>` in order.
+fn endpoints_of(pods: &[Backend]) -> Vec<proxima_core::Endpoint> {
+    pods.iter()
+        .enumerate()
+        .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_stay_within_their_bounds_per_pod_and_in_total() {
     let mut pods = Vec::new();
@@ -33,11 +41,7 @@ async fn idle_connections_stay_within_their_bounds_per_pod_and_in_total() {
         max_idle_total: TOTAL,
         ..ProxyConfig::default()
     };
-    let endpoints = pods
-        .iter()
-        .enumerate()
-        .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
-        .collect();
+    let endpoints = endpoints_of(&pods);
     let proxy = TestProxy::start_with(
         config,
         vec![
@@ -179,11 +183,7 @@ async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
         max_idle_buffered: 1,
         ..ProxyConfig::default()
     };
-    let endpoints = pods
-        .iter()
-        .enumerate()
-        .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
-        .collect();
+    let endpoints = endpoints_of(&pods);
     let proxy = TestProxy::start_with(
         config,
         vec![(

@@ -578,23 +578,27 @@ mod tests {
         addr
     }
 
-    #[tokio::test]
-    async fn a_worker_takes_back_only_the_connections_its_own_runtime_drives() {
-        let addr = server().await;
+    /// A pool with `bounds`, a 60 s idle timeout and metrics of its own.
+    fn pool_of(bounds: PoolBounds) -> Arc<ConnPool> {
         let registry = prometheus::Registry::new();
         let metrics = crate::Metrics::new(&registry).unwrap();
-        let bounds = PoolBounds {
-            per_endpoint: 8,
-            total: 8,
-            buffered: 8,
-        };
-        let pool = Arc::new(ConnPool::new(
+        Arc::new(ConnPool::new(
             Duration::from_secs(60),
             bounds,
             None,
             100,
             metrics.pool(),
-        ));
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_worker_takes_back_only_the_connections_its_own_runtime_drives() {
+        let addr = server().await;
+        let pool = pool_of(PoolBounds {
+            per_endpoint: 8,
+            total: 8,
+            buffered: 8,
+        });
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -617,20 +621,11 @@ mod tests {
     #[tokio::test]
     async fn with_workers_serving_a_connection_of_another_runtime_is_not_kept() {
         let addr = server().await;
-        let registry = prometheus::Registry::new();
-        let metrics = crate::Metrics::new(&registry).unwrap();
-        let bounds = PoolBounds {
+        let pool = pool_of(PoolBounds {
             per_endpoint: 8,
             total: 8,
             buffered: 8,
-        };
-        let pool = Arc::new(ConnPool::new(
-            Duration::from_secs(60),
-            bounds,
-            None,
-            100,
-            metrics.pool(),
-        ));
+        });
         // Off the workers and with no workers serving (tests, the testbed): kept.
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         pool.put(addr, sender);
@@ -645,20 +640,11 @@ mod tests {
     #[tokio::test]
     async fn a_parked_connection_keeps_its_place_by_age() {
         let (a, b, c) = (server().await, server().await, server().await);
-        let registry = prometheus::Registry::new();
-        let metrics = crate::Metrics::new(&registry).unwrap();
-        let bounds = PoolBounds {
+        let pool = pool_of(PoolBounds {
             per_endpoint: 8,
             total: 2,
             buffered: 1,
-        };
-        let pool = Arc::new(ConnPool::new(
-            Duration::from_secs(60),
-            bounds,
-            None,
-            100,
-            metrics.pool(),
-        ));
+        });
         for addr in [a, b] {
             let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
             pool.put(addr, sender);
