@@ -73,6 +73,8 @@ pub struct Route {
     pub spec: ServiceSpec,
     /// Its endpoints in discovery order; indices into this are how the route names them.
     pub endpoints: Vec<RouteEndpoint>,
+    /// Each endpoint's state again, packed (see [`Route::state`]).
+    states: Vec<Arc<EndpointState>>,
     eligible: Vec<usize>,
     pool: ArcSwap<Vec<usize>>,
     /// Eligible endpoints by node, in node-name order (`None` first).
@@ -120,9 +122,11 @@ impl Route {
                 endpoints.iter().map(addr).collect()
             })
             .collect();
+        let states = endpoints.iter().map(|e| e.state.clone()).collect();
         let route = Self {
             spec,
             endpoints,
+            states,
             addrs,
             eligible,
             pool: ArcSwap::from_pointee(Vec::new()),
@@ -136,6 +140,13 @@ impl Route {
             route.note_cooldown(&endpoint.state, epoch);
         }
         route
+    }
+
+    /// The live state of endpoint `index` (as `endpoints[index].state`), read from a
+    /// list of pointers alone: a pick that compares endpoints of a large service then
+    /// does not load each one's discovery record too.
+    pub fn state(&self, index: usize) -> &EndpointState {
+        &self.states[index]
     }
 
     /// The service's namespace and name.

@@ -91,7 +91,7 @@ impl<'a> PickContext<'a> {
     /// Whether `index` may take this request: eligible by its conditions (see
     /// [`Route::eligible`]), not already tried, not cooling down.
     pub fn usable(&self, index: usize) -> bool {
-        !self.exclude.contains(&index) && !self.route.endpoints[index].state.cooling_down(self.now)
+        !self.exclude.contains(&index) && !self.route.state(index).cooling_down(self.now)
     }
 
     /// Eligible endpoints that may take this request.
