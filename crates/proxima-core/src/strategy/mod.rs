@@ -164,6 +164,12 @@ impl NodeCandidates<'_, '_> {
         }
     }
 
+    /// Whether every eligible endpoint is a candidate (none excluded or cooling down),
+    /// so that [`Self::count`] is each node group's size.
+    pub fn all(&self) -> bool {
+        matches!(self.counts, Counts::All)
+    }
+
     /// Candidates in all.
     pub fn total(&self) -> usize {
         (0..self.ctx.route.nodes().len())
