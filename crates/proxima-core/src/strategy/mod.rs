@@ -302,7 +302,7 @@ impl Default for StrategyRegistry {
         r.register("rap", Rap::build);
         r.register("proximity", Proximity::build);
         r.register("local", Local::build);
-        r.register("kube-proxy", |_| (Box::new(KubeProxy), vec![]));
+        r.register("kube-proxy", |_| (Box::new(KubeProxy::default()), vec![]));
         r.register("p2c-ewma", P2cEwma::build);
         r
     }
