@@ -25,8 +25,9 @@ fn key() -> ServiceKey {
 
 /// A router with one service of `n` endpoints on 10 nodes, every endpoint measured
 /// (`window` samples each) so the pool is in its steady state: 80% of the endpoints meet
-/// the 80 ms SLO, 20% are evicted.
-fn warmed_router(strategy: &str, n: usize, now: Instant) -> Router {
+/// the 80 ms SLO, 20% are evicted. The warm-up's measurements are stamped from `now`
+/// on, 1 µs apart; returns the router and the time of the last one.
+fn warmed_router(strategy: &str, n: usize, now: Instant) -> (Router, Instant) {
     let (settings, errors) =
         ServiceSettings::from_pairs([("latency-slo", "80ms"), ("strategy", strategy)]);
     assert!(errors.is_empty(), "{errors:?}");
@@ -64,6 +65,7 @@ fn warmed_router(strategy: &str, n: usize, now: Instant) -> Router {
     // Steady state: route 2 × window requests per endpoint through the strategy itself.
     let window = router.table().services[&key()].settings().qos_pool.window;
     let mut rng = SmallRng::seed_from_u64(1);
+    let mut at = now;
     for k in 0..(2 * window * n) {
         let picked = router.pick(&key(), None, now, &mut rng, &[]).unwrap();
         let latency = if picked.index % 5 == 4 {
@@ -71,7 +73,7 @@ fn warmed_router(strategy: &str, n: usize, now: Instant) -> Router {
         } else {
             20 + (picked.index % 7) as u64
         };
-        let at = now + Duration::from_micros(k as u64);
+        at = now + Duration::from_micros(k as u64);
         router.record(
             &picked,
             at,
@@ -80,8 +82,18 @@ fn warmed_router(strategy: &str, n: usize, now: Instant) -> Router {
             },
         );
     }
-    router
+    (router, at)
 }
+
+/// How far the record benchmark's clock moves per measurement. The steady state it
+/// times needs every sample in the windows younger than `qos-pool-max-age` (30 s) for
+/// the whole run; with 10 µs steps a run of 3 million iterations (a few seconds of
+/// criterion) crossed that. At 10 ns a step the 30 s take 3·10⁹ iterations, far beyond
+/// a criterion run. (A diagnostic run of this loop at 1000 endpoints with 10 µs steps
+/// saw no pool change and no change in cost when it crossed 30 s, so the old clock was
+/// not what made the 1000-endpoint figures spread; see benches/README.md.) The only
+/// other effect of the clock, the peak EWMA's decay, does not change a record's cost.
+const RECORD_STEP: Duration = Duration::from_nanos(10);
 
 fn bench_pick(c: &mut Criterion) {
     let mut group = c.benchmark_group("pick");
@@ -92,9 +104,11 @@ fn bench_pick(c: &mut Criterion) {
             let mut rng = SmallRng::seed_from_u64(7);
             group.bench_with_input(BenchmarkId::new(strategy, n), &n, |b, _| {
                 // Warmed up only when this benchmark is selected (it takes seconds).
-                let router = router.get_or_insert_with(|| warmed_router(strategy, n, now));
+                let (router, _) = router.get_or_insert_with(|| warmed_router(strategy, n, now));
+                // Built once: the benchmark times the pick, not two string allocations.
+                let service = key();
                 b.iter(|| {
-                    let picked = router.pick(&key(), None, now, &mut rng, &[]).unwrap();
+                    let picked = router.pick(&service, None, now, &mut rng, &[]).unwrap();
                     black_box(picked.addr)
                 })
             });
@@ -110,16 +124,18 @@ fn bench_record(c: &mut Criterion) {
             let now = Instant::now();
             let mut router = None;
             let mut rng = SmallRng::seed_from_u64(9);
-            let mut t = now;
             group.bench_with_input(BenchmarkId::new(strategy, n), &n, |b, _| {
-                let router = router.get_or_insert_with(|| warmed_router(strategy, n, now));
+                // The clock runs on from the warm-up's last measurement.
+                let (router, t) = router.get_or_insert_with(|| warmed_router(strategy, n, now));
+                let pick_at = *t;
+                let service = key();
                 b.iter_batched(
-                    || router.pick(&key(), None, now, &mut rng, &[]).unwrap(),
+                    || router.pick(&service, None, pick_at, &mut rng, &[]).unwrap(),
                     |picked| {
-                        t += Duration::from_micros(10);
+                        *t += RECORD_STEP;
                         black_box(router.record(
                             &picked,
-                            t,
+                            *t,
                             Outcome::Response {
                                 latency: Duration::from_millis(25),
                             },

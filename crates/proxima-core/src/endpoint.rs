@@ -170,32 +170,39 @@ pub(crate) struct Stats {
 }
 
 /// Mutable state of one endpoint (see the module docs).
+///
+/// Laid out for the pick path: the atomics a pick reads or bumps (in-flight count,
+/// cooldown, spreading counter, slow start, attempt count, peak EWMA) come first, in
+/// one cache line, so that comparing two endpoints of a large service touches one line
+/// of each rather than several.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct EndpointState {
-    pub(crate) stats: Mutex<Stats>,
     in_flight: AtomicU32,
     admitted: AtomicBool,
     /// Whether the admission is `Warming` (no verdict from measurements yet).
     warming: AtomicBool,
     /// Cooldown end as nanoseconds after `epoch`; 0 when not cooling down.
     cooldown_until: AtomicU64,
-    /// Predicted SLO-percentile latency in µs (0 before any sample), for fallback ranking.
-    score_micros: AtomicU64,
-    /// Peak EWMA of response times (f64 seconds as bits; 0 = no sample) and when it was
-    /// last updated (ns after `epoch`), for the `p2c-ewma` strategy.
-    peak_ewma_bits: AtomicU64,
-    peak_ewma_at: AtomicU64,
-    epoch: Instant,
-    requests: AtomicU64,
-    failures: AtomicU64,
     /// Spreading counter: [`PICK_UNIT`] / weight per pick (stride scheduling), so that
     /// two-choice picks on it give every pool member an even share, and a member in
     /// slow start a proportionally smaller one.
     picks: AtomicU64,
-    /// Set when it (re)joins the pool: its counter is brought level with the pool's.
-    needs_baseline: AtomicBool,
     /// Start of the slow start after re-admission (ns after `epoch`; 0: none).
     ramp_start: AtomicU64,
+    requests: AtomicU64,
+    /// Peak EWMA of response times (f64 seconds as bits; 0 = no sample) and when it was
+    /// last updated (ns after `epoch`), for the `p2c-ewma` strategy.
+    peak_ewma_bits: AtomicU64,
+    peak_ewma_at: AtomicU64,
+    // Below: read on the measurement path and by the rarer branches of a pick.
+    pub(crate) stats: Mutex<Stats>,
+    /// Predicted SLO-percentile latency in µs (0 before any sample), for fallback ranking.
+    score_micros: AtomicU64,
+    epoch: Instant,
+    failures: AtomicU64,
+    /// Set when it (re)joins the pool: its counter is brought level with the pool's.
+    needs_baseline: AtomicBool,
     /// Out of the pool for consecutive failures (counted against the service's cap).
     failure_ejected: AtomicBool,
     /// Whether any outcome (traffic or probe) has ever been stored for it.
@@ -300,7 +307,12 @@ impl EndpointState {
 
     /// Count one pick at `weight`.
     pub(crate) fn charge(&self, weight: f64) {
-        let stride = (PICK_UNIT as f64 / weight.max(SLOW_START_MIN_WEIGHT)).round() as u64;
+        // Full weight (no slow start) is the common case; skip the division there.
+        let stride = if weight >= 1.0 {
+            PICK_UNIT
+        } else {
+            (PICK_UNIT as f64 / weight.max(SLOW_START_MIN_WEIGHT)).round() as u64
+        };
         self.picks.fetch_add(stride, Ordering::Relaxed);
     }
 
@@ -430,9 +442,19 @@ impl EndpointState {
 
     /// Mark one more request outstanding; the guard undoes it when dropped.
     pub fn start(self: &Arc<Self>) -> InFlight {
+        self.begin_attempt();
+        InFlight(self.clone())
+    }
+
+    /// One more attempt outstanding; the caller calls [`Self::end_attempt`] once for it.
+    pub(crate) fn begin_attempt(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+    }
+
+    /// An attempt counted by [`Self::begin_attempt`] is over.
+    pub(crate) fn end_attempt(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Feed an outcome; returns a pool change if the verdict flipped.
@@ -793,6 +815,6 @@ pub struct InFlight(Arc<EndpointState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.end_attempt();
     }
 }

@@ -20,17 +20,19 @@
 //! * two caches that only ever hold what could be recomputed from the route, the
 //!   environment and the time: the **node readings** (per node group: fresh latency and
 //!   usage, valid for one environment snapshot and the span of time in which no reading
-//!   turns stale; see [`NodeReadings`]) and the **cooldown horizon** (a time after which
+//!   turns stale; see [`NodeReadings`], which also keep what the route's strategy derives
+//!   from them, e.g. proximity's weights) and the **cooldown horizon** (a time after which
 //!   no endpoint of the service is cooling down; it only ever grows, and a pick that
 //!   sees an older value only takes the slower exact path).
 //!
 //! So a pick never sees a half-built route; at worst it sees a pool or a cache one
 //! update behind, which is the same as having picked a moment earlier.
 
+use std::any::Any;
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
@@ -73,6 +75,8 @@ pub struct Route {
     pub spec: ServiceSpec,
     /// Its endpoints in discovery order; indices into this are how the route names them.
     pub endpoints: Vec<RouteEndpoint>,
+    /// Each endpoint's state again, packed (see [`Route::state`]).
+    states: Vec<Arc<EndpointState>>,
     eligible: Vec<usize>,
     pool: ArcSwap<Vec<usize>>,
     /// Eligible endpoints by node, in node-name order (`None` first).
@@ -120,9 +124,11 @@ impl Route {
                 endpoints.iter().map(addr).collect()
             })
             .collect();
+        let states = endpoints.iter().map(|e| e.state.clone()).collect();
         let route = Self {
             spec,
             endpoints,
+            states,
             addrs,
             eligible,
             pool: ArcSwap::from_pointee(Vec::new()),
@@ -136,6 +142,13 @@ impl Route {
             route.note_cooldown(&endpoint.state, epoch);
         }
         route
+    }
+
+    /// The live state of endpoint `index` (as `endpoints[index].state`), read from a
+    /// list of pointers alone: a pick that compares endpoints of a large service then
+    /// does not load each one's discovery record too.
+    pub fn state(&self, index: usize) -> &EndpointState {
+        &self.states[index]
     }
 
     /// The service's namespace and name.
@@ -323,7 +336,10 @@ struct CooldownHorizon(AtomicU64);
 /// The fresh environment readings of a route's node groups at one time, and the span of
 /// time over which they stay the same. Holding the environment snapshot they were read
 /// from keeps its identity (no other snapshot can take its address while it is held).
-#[derive(Debug)]
+///
+/// They also keep one value the route's strategy derives from them (see
+/// [`NodeReadings::derived`]): readings are replaced whenever the route, the environment
+/// snapshot or the freshness of a reading changes, so that value is dropped with them.
 pub struct NodeReadings {
     environment: Arc<Environment>,
     local_node: Option<String>,
@@ -341,9 +357,35 @@ pub struct NodeReadings {
     /// The smallest fresh RTT to any node other than the local one, whether or not it
     /// hosts an endpoint ([`Environment::min_latency`]).
     pub min_latency_elsewhere: Option<Duration>,
+    derived: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for NodeReadings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeReadings")
+            .field("after", &self.after)
+            .field("until", &self.until)
+            .field("latency", &self.latency)
+            .field("usage", &self.usage)
+            .field("local", &self.local)
+            .field("local_usage", &self.local_usage)
+            .field("min_latency_elsewhere", &self.min_latency_elsewhere)
+            .field("derived", &self.derived.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl NodeReadings {
+    /// What the route's strategy derives from these readings (and from the route and
+    /// its own parameters, which do not change while the readings live): computed by
+    /// `derive` on first use, then kept as long as the readings. A route has one
+    /// strategy, so one value; `None` if a value of another type is already held.
+    pub fn derived<T: Any + Send + Sync>(&self, derive: impl FnOnce(&Self) -> T) -> Option<&T> {
+        self.derived
+            .get_or_init(|| Box::new(derive(self)))
+            .downcast_ref()
+    }
+
     fn new(
         nodes: &[NodeGroup],
         env: &Arc<Environment>,
@@ -384,6 +426,7 @@ impl NodeReadings {
             local: local_node.and_then(|l| nodes.iter().position(|g| g.node.as_deref() == Some(l))),
             local_usage: local_node.and_then(|n| env.usage(n, now)),
             min_latency_elsewhere: env.min_latency(local_node, now),
+            derived: OnceLock::new(),
         }
     }
 

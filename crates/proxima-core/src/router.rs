@@ -2,7 +2,8 @@
 //!
 //! Reads are lock-free: the table is a snapshot behind an [`ArcSwap`] (as pingora's
 //! `BackendSelection` does), and a pick only loads it, looks the service up and asks its
-//! strategy. Writers (discovery updates, pool-membership changes, environment updates)
+//! strategy. The node environment (latencies, usage) is part of the snapshot, so one load
+//! gives a pick everything it reads. Writers (discovery updates, pool-membership changes, environment updates)
 //! are serialised by one mutex. A discovery update publishes a new snapshot; the
 //! snapshot's services, endpoints and node groups never change after that. What does
 //! change in place, and why that is safe, is listed in [`crate::route`]: each service's
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
-use crate::endpoint::{EndpointState, InFlight, Observation, Outcome, PoolChange};
+use crate::endpoint::{EndpointState, Observation, Outcome, PoolChange};
 use crate::environment::Environment;
 use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
 use crate::retry_budget::RetryBudget;
@@ -117,6 +118,8 @@ pub struct Table {
     pub services: HashMap<ServiceKey, Arc<ServiceRoute>, foldhash::fast::RandomState>,
     /// Every known node, by name.
     pub nodes: BTreeMap<String, Node>,
+    /// Node latencies and usage as last published ([`Router::update_environment`]).
+    pub environment: Arc<Environment>,
 }
 
 /// A port of the target service, as the client named it.
@@ -144,6 +147,10 @@ pub enum PickError {
 
 /// The endpoint chosen for one attempt. Holds the endpoint's in-flight count until it is
 /// dropped; report how the attempt went with [`Router::record`].
+///
+/// The fields are for reading: the count is released on the endpoint the pick chose, in
+/// `route`, which already holds its state (so no second reference to the state is taken
+/// per pick).
 #[derive(Debug)]
 pub struct Picked {
     /// The service's route at the time of the pick.
@@ -158,7 +165,16 @@ pub struct Picked {
     pub at: Instant,
     /// An overdue miss was stored for this attempt (see [`Router::record_overdue`]).
     overdue: AtomicBool,
-    _in_flight: InFlight,
+    /// The endpoint whose in-flight count this pick holds (the chosen `index`).
+    holds: usize,
+}
+
+impl Drop for Picked {
+    fn drop(&mut self) {
+        if self.holds < self.route.endpoints.len() {
+            self.route.state(self.holds).end_attempt();
+        }
+    }
 }
 
 impl Picked {
@@ -233,7 +249,6 @@ struct Desired {
 #[derive(Debug)]
 pub struct Router {
     table: ArcSwap<Table>,
-    environment: ArcSwap<Environment>,
     desired: Mutex<Desired>,
     registry: StrategyRegistry,
     local_node: Option<String>,
@@ -260,7 +275,6 @@ impl Router {
     pub fn with_registry(local_node: Option<String>, registry: StrategyRegistry) -> Self {
         Self {
             table: ArcSwap::from_pointee(Table::default()),
-            environment: ArcSwap::from_pointee(Environment::default()),
             desired: Mutex::new(Desired::default()),
             registry,
             local_node,
@@ -308,23 +322,28 @@ impl Router {
 
     /// The current node latencies and usage.
     pub fn environment(&self) -> Arc<Environment> {
-        self.environment.load_full()
+        self.table.load().environment.clone()
     }
 
     /// Change the environment (node latencies, usage) and publish it. Writers are the
     /// periodic measurement loops; readers never wait for them.
     pub fn update_environment(&self, change: impl FnOnce(&mut Environment)) {
         let _writer = self.desired();
-        let mut env = Environment::clone(&self.environment.load());
+        let current = self.table.load();
+        let mut env = Environment::clone(&current.environment);
         change(&mut env);
         // New latencies can move warming endpoints in or out of their pools (the
         // initial estimate, see `Route::too_far`).
         if let Some(now) = env.newest() {
-            for route in self.table.load().services.values() {
+            for route in current.services.values() {
                 route.refresh_pool(&env, self.local_node(), now);
             }
         }
-        self.environment.store(Arc::new(env));
+        self.table.store(Arc::new(Table {
+            services: current.services.clone(),
+            nodes: current.nodes.clone(),
+            environment: Arc::new(env),
+        }));
     }
 
     fn desired(&self) -> std::sync::MutexGuard<'_, Desired> {
@@ -410,7 +429,11 @@ impl Router {
         } else {
             current.nodes.clone()
         };
-        self.table.store(Arc::new(Table { services, nodes }));
+        self.table.store(Arc::new(Table {
+            services,
+            nodes,
+            environment: current.environment.clone(),
+        }));
         report
     }
 
@@ -465,7 +488,7 @@ impl Router {
             warnings,
             retry_budget,
         };
-        route.refresh_pool(&self.environment.load(), self.local_node(), now);
+        route.refresh_pool(&self.table.load().environment, self.local_node(), now);
         Some(route)
     }
 
@@ -480,7 +503,6 @@ impl Router {
         exclude: &[EndpointId],
     ) -> Result<Picked, PickError> {
         let table = self.table.load();
-        let environment = self.environment.load();
         let route = table
             .services
             .get(service)
@@ -495,7 +517,7 @@ impl Router {
                 now,
                 local_node: self.local_node.as_deref(),
                 nodes: &table.nodes,
-                environment: &environment,
+                environment: &table.environment,
                 exclude: &excluded,
             };
             let choice = route
@@ -524,6 +546,7 @@ impl Router {
         addr: SocketAddr,
         now: Instant,
     ) -> Picked {
+        route.state(choice.index).begin_attempt();
         Picked {
             route: route.clone(),
             index: choice.index,
@@ -531,7 +554,7 @@ impl Router {
             reason: choice.reason,
             at: now,
             overdue: AtomicBool::new(false),
-            _in_flight: route.endpoints[choice.index].state.start(),
+            holds: choice.index,
         }
     }
 
@@ -641,8 +664,9 @@ impl Router {
         // Under the writer lock, so that a concurrent apply either sees the new
         // membership or publishes a route that this refresh then updates.
         let _desired = self.desired();
-        if let Some(route) = self.table.load().services.get(key) {
-            route.refresh_pool(&self.environment.load(), self.local_node(), now);
+        let table = self.table.load();
+        if let Some(route) = table.services.get(key) {
+            route.refresh_pool(&table.environment, self.local_node(), now);
         }
     }
 
@@ -659,12 +683,12 @@ impl Router {
             }
             let settings = route.settings();
             let port_name = resolve_port(route, None).unwrap_or("");
-            let env = self.environment.load();
+            let env = &table.environment;
             for &i in route.eligible() {
                 let ep = &route.endpoints[i];
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
-                let first_probe = route.needs_first_probe(i, &env, self.local_node(), now);
+                let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
                 if ep.state.in_pool() && !first_probe {
                     continue;
                 }
@@ -694,7 +718,7 @@ impl Router {
     /// learn before it knows which new pods cannot meet their SLO.
     pub fn first_probes_pending(&self, now: Instant) -> usize {
         let table = self.table.load();
-        let env = self.environment.load();
+        let env = &table.environment;
         table
             .services
             .values()
@@ -703,7 +727,7 @@ impl Router {
                 route
                     .eligible()
                     .iter()
-                    .filter(|&&i| route.needs_first_probe(i, &env, self.local_node(), now))
+                    .filter(|&&i| route.needs_first_probe(i, env, self.local_node(), now))
                     .count()
             })
             .sum()

@@ -27,15 +27,50 @@
 //!
 //! kube-proxy knows nothing about cooldowns: an endpoint cooling down after connection
 //! failures is only avoided while another filtered one is usable.
+//!
+//! Cost per pick: O(log nodes) while no endpoint of the service cools down (plus
+//! O(e · log endpoints) for e endpoints already tried). The filtered set depends only on
+//! the route (endpoints, conditions, hints, traffic policy), this proxy's node and that
+//! node's zone, so it is computed once and kept until the zone or node differs; the
+//! route itself never changes, and a new route gets a new strategy (see `crate::router`).
+//! While some endpoint cools down, a pick scans the filtered set as before.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
 use rand::{Rng, RngCore};
 
 use super::{Choice, PickContext, Reason, Strategy};
 use crate::model::Endpoint;
 
-/// kube-proxy's topology filtering and random choice (see the module docs).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct KubeProxy;
+/// kube-proxy's topology filtering and random choice (see the module docs). Built per
+/// route: it caches the route's filtered endpoints.
+#[derive(Debug, Default)]
+pub struct KubeProxy {
+    filtered: ArcSwapOption<Filtered>,
+}
+
+/// The endpoints [`KubeProxy::filter`] gave for a proxy on `local_node` in `zone`.
+#[derive(Debug)]
+struct Filtered {
+    local_node: Option<String>,
+    zone: Option<String>,
+    /// Endpoint indices, ascending.
+    indices: Vec<usize>,
+}
+
+impl Filtered {
+    fn holds_for(&self, local_node: Option<&str>, zone: Option<&str>) -> bool {
+        self.local_node.as_deref() == local_node && self.zone.as_deref() == zone
+    }
+}
+
+/// The zone of this proxy's node, as the routing table knows it.
+fn local_zone<'a>(ctx: &PickContext<'a>) -> Option<&'a str> {
+    ctx.local_node
+        .and_then(|n| ctx.nodes.get(n))
+        .and_then(|n| n.zone.as_deref())
+}
 
 /// The topology mode kube-proxy chose for a Service on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,10 +144,7 @@ impl KubeProxy {
                 .filter(|&i| local(i) && serving_terminating(i))
                 .collect();
         }
-        let zone = ctx
-            .local_node
-            .and_then(|n| ctx.nodes.get(n))
-            .and_then(|n| n.zone.as_deref());
+        let zone = local_zone(ctx);
         let ready_endpoints: Vec<&Endpoint> = all().filter(|&i| ready(i)).map(endpoint).collect();
         let mode = topology_mode(&ready_endpoints, ctx.local_node, zone);
         let cluster: Vec<usize> = all()
@@ -123,6 +155,26 @@ impl KubeProxy {
         }
         all().filter(|&i| serving_terminating(i)).collect()
     }
+
+    /// Run `f` on [`Self::filter`] for `ctx`: the cached set while this proxy's node and
+    /// zone are the ones it was computed for, else a new one (then cached).
+    fn with_filtered<R>(&self, ctx: &PickContext<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
+        let zone = local_zone(ctx);
+        let cached = self.filtered.load();
+        if let Some(hit) = cached
+            .as_deref()
+            .filter(|c| c.holds_for(ctx.local_node, zone))
+        {
+            return f(&hit.indices);
+        }
+        let fresh = Arc::new(Filtered {
+            local_node: ctx.local_node.map(str::to_string),
+            zone: zone.map(str::to_string),
+            indices: self.filter(ctx),
+        });
+        self.filtered.store(Some(fresh.clone()));
+        f(&fresh.indices)
+    }
 }
 
 impl Strategy for KubeProxy {
@@ -131,20 +183,50 @@ impl Strategy for KubeProxy {
     }
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
-        let allowed: Vec<usize> = self
-            .filter(ctx)
-            .into_iter()
-            .filter(|i| !ctx.exclude.contains(i))
-            .collect();
-        let usable: Vec<usize> = allowed.iter().copied().filter(|&i| ctx.usable(i)).collect();
-        let from = if usable.is_empty() { &allowed } else { &usable };
-        (!from.is_empty()).then(|| Choice {
-            index: from[rng.gen_range(0..from.len())],
-            reason: Reason::Strategy,
-        })
+        self.with_filtered(ctx, |filtered| pick_among(ctx, filtered, rng))
     }
 
     fn last_resort_allowed(&self) -> bool {
         false
     }
+}
+
+/// kube-proxy's random choice among the `filtered` endpoints (ascending indices): one
+/// not already tried, preferably one not cooling down.
+fn pick_among(ctx: &PickContext<'_>, filtered: &[usize], rng: &mut dyn RngCore) -> Option<Choice> {
+    let choice = |index| Choice {
+        index,
+        reason: Reason::Strategy,
+    };
+    if ctx.route.none_cooling(ctx.now) {
+        // Every filtered endpoint not already tried is usable: draw among those
+        // (the same draw as below) without listing them.
+        let mut skipped: Vec<usize> = ctx
+            .exclude
+            .iter()
+            .filter_map(|i| filtered.binary_search(i).ok())
+            .collect();
+        skipped.sort_unstable();
+        skipped.dedup();
+        let allowed = filtered.len() - skipped.len();
+        if allowed == 0 {
+            return None;
+        }
+        let mut k = rng.gen_range(0..allowed);
+        // The k-th position that is not skipped.
+        for &s in &skipped {
+            if s <= k {
+                k += 1;
+            }
+        }
+        return Some(choice(filtered[k]));
+    }
+    let allowed: Vec<usize> = filtered
+        .iter()
+        .copied()
+        .filter(|i| !ctx.exclude.contains(i))
+        .collect();
+    let usable: Vec<usize> = allowed.iter().copied().filter(|&i| ctx.usable(i)).collect();
+    let from = if usable.is_empty() { &allowed } else { &usable };
+    (!from.is_empty()).then(|| choice(from[rng.gen_range(0..from.len())]))
 }

@@ -91,7 +91,7 @@ impl<'a> PickContext<'a> {
     /// Whether `index` may take this request: eligible by its conditions (see
     /// [`Route::eligible`]), not already tried, not cooling down.
     pub fn usable(&self, index: usize) -> bool {
-        !self.exclude.contains(&index) && !self.route.endpoints[index].state.cooling_down(self.now)
+        !self.exclude.contains(&index) && !self.route.state(index).cooling_down(self.now)
     }
 
     /// Eligible endpoints that may take this request.
@@ -162,6 +162,12 @@ impl NodeCandidates<'_, '_> {
             Counts::All => self.ctx.route.nodes()[group].members.len(),
             Counts::Excluding(counts) | Counts::Scanned(counts) => counts[group],
         }
+    }
+
+    /// Whether every eligible endpoint is a candidate (none excluded or cooling down),
+    /// so that [`Self::count`] is each node group's size.
+    pub fn all(&self) -> bool {
+        matches!(self.counts, Counts::All)
     }
 
     /// Candidates in all.
@@ -296,7 +302,7 @@ impl Default for StrategyRegistry {
         r.register("rap", Rap::build);
         r.register("proximity", Proximity::build);
         r.register("local", Local::build);
-        r.register("kube-proxy", |_| (Box::new(KubeProxy), vec![]));
+        r.register("kube-proxy", |_| (Box::new(KubeProxy::default()), vec![]));
         r.register("p2c-ewma", P2cEwma::build);
         r
     }

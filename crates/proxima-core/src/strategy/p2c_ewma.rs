@@ -36,7 +36,7 @@ impl P2cEwma {
     }
 
     fn cost(&self, ctx: &PickContext<'_>, i: usize) -> f64 {
-        let state = &ctx.route.endpoints[i].state;
+        let state = ctx.route.state(i);
         let rtt = state
             .peak_ewma(ctx.now)
             .unwrap_or(self.default_rtt)

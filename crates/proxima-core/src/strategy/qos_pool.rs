@@ -89,7 +89,7 @@ impl Strategy for QosPool {
         };
         match chosen {
             Some(index) => {
-                let state = &ctx.route.endpoints[index].state;
+                let state = ctx.route.state(index);
                 state.charge(state.weight(ctx.now, ctx.route.settings().qos_pool.slow_start));
                 Some(Choice {
                     index,
@@ -107,7 +107,7 @@ impl Strategy for QosPool {
 
 /// The better of two usable pool members (see the module docs).
 fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
-    let state = |i: usize| &ctx.route.endpoints[i].state;
+    let state = |i: usize| ctx.route.state(i);
     if saturated(ctx, a, b) {
         return b;
     }
@@ -123,7 +123,7 @@ fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
 
 /// Whether `a` holds more requests in flight than its latency explains next to `b`.
 fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
-    let (sa, sb) = (&ctx.route.endpoints[a].state, &ctx.route.endpoints[b].state);
+    let (sa, sb) = (ctx.route.state(a), ctx.route.state(b));
     let in_flight = f64::from(sa.in_flight());
     // The right-hand side is at least the slack (the ratio is never negative): below
     // it there is no need to decay the two peak EWMAs, the costly part of the test.
