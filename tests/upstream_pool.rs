@@ -18,12 +18,15 @@ const PODS: usize = 8;
 /// Concurrent requests per pod in the burst: each needs its own connection.
 const CONCURRENT_PER_POD: usize = 6;
 
-/// One endpoint per pod, named `pod-<i>` in order.
-fn endpoints_of(pods: &[Backend]) -> Vec<proxima_core::Endpoint> {
-    pods.iter()
+/// `api.shop`, round robin over `pods` (named `pod-<i>` in order) with a lenient SLO.
+fn round_robin_api(pods: &[Backend]) -> (proxima_core::ServiceSpec, Vec<proxima_core::Endpoint>) {
+    let endpoints = pods
+        .iter()
         .enumerate()
         .map(|(i, b)| endpoint(&format!("pod-{i}"), b.addr()))
-        .collect()
+        .collect();
+    let settings = [("strategy", "round-robin"), ("latency-slo", "5s")];
+    (service("shop", "api", &[], &settings), endpoints)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,19 +44,10 @@ async fn idle_connections_stay_within_their_bounds_per_pod_and_in_total() {
         max_idle_total: TOTAL,
         ..ProxyConfig::default()
     };
-    let endpoints = endpoints_of(&pods);
     let proxy = TestProxy::start_with(
         config,
         vec![
-            (
-                service(
-                    "shop",
-                    "api",
-                    &[],
-                    &[("strategy", "round-robin"), ("latency-slo", "5s")],
-                ),
-                endpoints,
-            ),
+            round_robin_api(&pods),
             (
                 service("shop", "other", &[], &[]),
                 vec![endpoint("other-0", other.addr())],
@@ -183,20 +177,7 @@ async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
         max_idle_buffered: 1,
         ..ProxyConfig::default()
     };
-    let endpoints = endpoints_of(&pods);
-    let proxy = TestProxy::start_with(
-        config,
-        vec![(
-            service(
-                "shop",
-                "api",
-                &[],
-                &[("strategy", "round-robin"), ("latency-slo", "5s")],
-            ),
-            endpoints,
-        )],
-    )
-    .await;
+    let proxy = TestProxy::start_with(config, vec![round_robin_api(&pods)]).await;
     let client = http1_client();
     let url = proxy.url("/");
     let round = || async {

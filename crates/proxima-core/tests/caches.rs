@@ -3,35 +3,26 @@
 //! environment (a new snapshot, or a reading turning stale), the local node's zone, an
 //! endpoint's cooldown, the endpoints already tried.
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::*;
 use proxima_core::strategy::{Decay, KubeProxy, Proximity};
 use proxima_core::{
-    Endpoint, EndpointId, Hints, Node, Outcome, PickContext, Router, ServiceKey, ServiceSettings,
-    ServiceSpec, Update,
+    Endpoint, EndpointId, Hints, Node, Outcome, PickContext, Router, ServiceSettings, ServiceSpec,
+    Update,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-fn key() -> ServiceKey {
-    ServiceKey::new("default", "svc")
-}
 
 /// `pods[i]` = node of pod i; pods are named `pod-<i>`.
 fn endpoints(pods: &[&str]) -> Vec<Endpoint> {
     pods.iter()
         .enumerate()
-        .map(|(i, node)| {
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 9000 + i as u16));
-            Endpoint::new(format!("pod-{i}"), addr).on_node(*node)
-        })
+        .map(|(i, node)| pod(i, node))
         .collect()
 }
 
@@ -83,12 +74,6 @@ fn distribution(
         }
     }
     counts
-}
-
-fn ids(counts: &HashMap<String, usize>) -> Vec<String> {
-    let mut v: Vec<String> = counts.keys().cloned().collect();
-    v.sort();
-    v
 }
 
 /// Refuse one connection on `id` (it cools down for 250 ms from `now`).

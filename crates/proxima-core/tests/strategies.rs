@@ -1,32 +1,25 @@
 //! Strategy plugins, each checked against its paper's rule with seeded RNGs.
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use common::*;
 use proxima_core::strategy::{Decay, Proximity};
 use proxima_core::{
-    Conditions, Endpoint, Hints, Node, Outcome, PickError, Router, ServiceKey, ServiceSettings,
-    ServiceSpec, TrafficPolicy, Update, Usage,
+    Conditions, Endpoint, Hints, Node, Outcome, PickError, Router, ServiceSettings, ServiceSpec,
+    TrafficPolicy, Update, Usage,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-fn key() -> ServiceKey {
-    ServiceKey::new("default", "svc")
-}
 
 /// `pods[i]` = node of pod i; pods are named `pod-<i>`.
 fn endpoints(pods: &[&str]) -> Vec<Endpoint> {
     pods.iter()
         .enumerate()
         .map(|(i, node)| {
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 9000 + i as u16));
-            let mut e = Endpoint::new(format!("pod-{i}"), addr).on_node(*node);
+            let mut e = pod(i, node);
             e.zone = Some(format!(
                 "zone-{}",
                 node.trim_start_matches("node-").chars().next().unwrap()
@@ -424,12 +417,6 @@ fn with_hints(router: &Router, hints: &[(&[&str], &[&str])], pods: &[&str]) {
         }],
         Instant::now(),
     );
-}
-
-fn ids(counts: &HashMap<String, usize>) -> Vec<String> {
-    let mut v: Vec<String> = counts.keys().cloned().collect();
-    v.sort();
-    v
 }
 
 #[test]
