@@ -122,18 +122,21 @@ impl ConnActivity {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
     }
 
-    fn touch(&self) {
-        self.last_io_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    /// Bytes moved now; returns the time noted (milliseconds after `born`).
+    fn touch(&self) -> u64 {
+        let ms = self.elapsed_ms();
+        self.last_io_ms.store(ms, Ordering::Relaxed);
+        ms
     }
 
-    /// Bytes arrived while nothing was in flight: on HTTP/1.1 after a first request,
-    /// they begin the next request's head, which has `client_header_timeout` from now.
-    fn head_bytes(&self) {
+    /// Bytes arrived at `at_ms` while nothing was in flight: on HTTP/1.1 after a first
+    /// request, they begin the next request's head, which has `client_header_timeout`
+    /// from then.
+    fn head_bytes(&self, at_ms: u64) {
         if self.http1.load(Ordering::Relaxed)
             && self.head_from_ms.load(Ordering::Relaxed) == NO_HEAD
         {
-            self.head_from_ms
-                .store(self.elapsed_ms(), Ordering::Relaxed);
+            self.head_from_ms.store(at_ms, Ordering::Relaxed);
         }
     }
 
@@ -403,9 +406,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.activity.touch();
-            if this.idle() {
-                this.activity.head_bytes();
+            let at_ms = this.activity.touch();
+            let idle = this.idle();
+            if idle {
+                this.activity.head_bytes(at_ms);
             }
             let started = this.activity.started.load(Ordering::Relaxed);
             if started != this.counted_from {
@@ -414,7 +418,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
                 this.line = 0;
                 this.line_done = false;
             }
-            if this.idle() && !this.line_done {
+            if idle && !this.line_done {
                 let new = &buf.filled()[before..];
                 match new.iter().position(|b| *b == b'\n') {
                     Some(at) => {
@@ -603,7 +607,7 @@ mod tests {
             // Bytes of a next head arrive while nothing is in flight: on HTTP/1.1 the
             // head must be complete within the header limit (HTTP/2 frames between
             // streams are no head).
-            activity.head_bytes();
+            activity.head_bytes(activity.elapsed_ms());
             let from = activity.head_from();
             assert_eq!(from.is_some(), http1);
             if let Some(from) = from {

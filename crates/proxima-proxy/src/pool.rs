@@ -373,11 +373,7 @@ impl ConnPool {
                 let Some(entry) = lists.by_addr.get(&addr).and_then(|l| l.get(i)) else {
                     break;
                 };
-                let expired = now.duration_since(entry.since) >= self.idle_timeout;
-                if expired || entry.held.is_closed() {
-                    if expired {
-                        self.metrics.idle_closed(IdleCloseReason::Expired);
-                    }
+                if self.is_done(entry, now) {
                     dropped.extend(lists.remove(addr, i));
                 } else if entry.worker == worker && entry.held.is_ready() {
                     taken = lists.remove(addr, i).map(|idle| idle.held);
@@ -477,6 +473,16 @@ impl ConnPool {
         drop(closing);
     }
 
+    /// Whether `entry` is to be closed at `now`: idle for `idle_timeout` (counted), or
+    /// closed by its pod.
+    fn is_done(&self, entry: &Idle, now: Instant) -> bool {
+        if now.duration_since(entry.since) >= self.idle_timeout {
+            self.metrics.idle_closed(IdleCloseReason::Expired);
+            return true;
+        }
+        entry.held.is_closed()
+    }
+
     /// Close expired and closed connections.
     pub(crate) fn sweep(&self, now: Instant) {
         let dropped = {
@@ -486,12 +492,7 @@ impl ConnPool {
             for list in lists.by_addr.values_mut() {
                 let mut i = 0;
                 while i < list.len() {
-                    let entry = &list[i];
-                    let expired = now.duration_since(entry.since) >= self.idle_timeout;
-                    if expired || entry.held.is_closed() {
-                        if expired {
-                            self.metrics.idle_closed(IdleCloseReason::Expired);
-                        }
+                    if self.is_done(&list[i], now) {
                         if let Some(idle) = list.remove(i) {
                             gone.push(idle);
                         }
@@ -578,6 +579,13 @@ mod tests {
         addr
     }
 
+    /// Bounds the tests below never reach.
+    const ROOMY: PoolBounds = PoolBounds {
+        per_endpoint: 8,
+        total: 8,
+        buffered: 8,
+    };
+
     /// A pool with `bounds`, a 60 s idle timeout and metrics of its own.
     fn pool_of(bounds: PoolBounds) -> Arc<ConnPool> {
         let registry = prometheus::Registry::new();
@@ -594,11 +602,7 @@ mod tests {
     #[tokio::test]
     async fn a_worker_takes_back_only_the_connections_its_own_runtime_drives() {
         let addr = server().await;
-        let pool = pool_of(PoolBounds {
-            per_endpoint: 8,
-            total: 8,
-            buffered: 8,
-        });
+        let pool = pool_of(ROOMY);
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -621,11 +625,7 @@ mod tests {
     #[tokio::test]
     async fn with_workers_serving_a_connection_of_another_runtime_is_not_kept() {
         let addr = server().await;
-        let pool = pool_of(PoolBounds {
-            per_endpoint: 8,
-            total: 8,
-            buffered: 8,
-        });
+        let pool = pool_of(ROOMY);
         // Off the workers and with no workers serving (tests, the testbed): kept.
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         pool.put(addr, sender);
