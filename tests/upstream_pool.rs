@@ -232,3 +232,69 @@ async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
         "the restarted pod's requests came on a new connection"
     );
 }
+
+/// A pod that, after each answer, writes an unasked-for response onto the idle
+/// connection. Parked connections that hold such bytes are never reused: every request
+/// gets its own answer, never the stray one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_the_pod_wrote_on_unasked_is_not_reused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    head.clear();
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let stray = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray";
+                    if stream.write_all(stray).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let config = ProxyConfig {
+        max_idle_buffered: 0,
+        ..ProxyConfig::default()
+    };
+    let settings = [("strategy", "round-robin"), ("latency-slo", "5s")];
+    let proxy = TestProxy::start_with(
+        config,
+        vec![(
+            service("shop", "api", &[], &settings),
+            vec![endpoint("pod-0", addr)],
+        )],
+    )
+    .await;
+    let client = http1_client();
+    for _ in 0..5 {
+        let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(&reply.body[..], b"hi");
+        // Let the stray answer land on the parked connection.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::Relaxed),
+        5,
+        "each request had to open a connection of its own"
+    );
+}
