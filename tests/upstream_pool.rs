@@ -298,3 +298,79 @@ async fn a_parked_connection_the_pod_wrote_on_unasked_is_not_reused() {
         "each request had to open a connection of its own"
     );
 }
+
+/// Requests in flight across a set of pods, and the most ever at once.
+#[derive(Default)]
+struct Concurrency {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    seen: std::sync::Mutex<std::collections::HashSet<u16>>,
+}
+
+/// A pod on its own loopback port that answers every request `200` after `delay`,
+/// counting in `load` the requests in flight on all such pods.
+async fn counting_pod(load: std::sync::Arc<Concurrency>, delay: Duration) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    let listener = tokio::net::TcpListener::bind(loopback())
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let load = load.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let load = load.clone();
+                    async move {
+                        let now = load.now.fetch_add(1, Ordering::SeqCst) + 1;
+                        load.most.fetch_max(now, Ordering::SeqCst);
+                        load.seen.lock().unwrap().insert(addr.port());
+                        tokio::time::sleep(delay).await;
+                        load.now.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(full("ok")))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_probes_of_many_new_pods_go_out_a_bounded_wave_at_a_time() {
+    use std::sync::atomic::Ordering;
+    const NEW_PODS: usize = 40;
+    const BOUND: usize = 4;
+    let load = std::sync::Arc::new(Concurrency::default());
+    let mut services = Vec::new();
+    for s in 0..4 {
+        let mut endpoints = Vec::new();
+        for p in 0..NEW_PODS / 4 {
+            let addr = counting_pod(load.clone(), Duration::from_millis(60)).await;
+            endpoints.push(endpoint(&format!("svc-{s}-pod-{p}"), addr));
+        }
+        services.push((service("shop", &format!("svc-{s}"), &[], &[]), endpoints));
+    }
+    let config = ProxyConfig {
+        max_concurrent_probes: BOUND,
+        ..ProxyConfig::default()
+    };
+    // Every pod is new and never measured: each is due its first probe at once.
+    let _proxy = TestProxy::start_with(config, services).await;
+    eventually("every new pod probed", Duration::from_secs(20), || {
+        load.seen.lock().unwrap().len() == NEW_PODS
+    })
+    .await;
+    let most = load.most.load(Ordering::SeqCst);
+    assert!(
+        most <= BOUND,
+        "{most} probes in flight at once, bound {BOUND}"
+    );
+    assert!(
+        most > 1,
+        "probes went out one at a time: the bound was not used"
+    );
+}

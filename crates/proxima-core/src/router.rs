@@ -260,6 +260,9 @@ pub struct Router {
     /// Set when a latency eviction was withheld for a stall: once the stall is out of
     /// memory, [`Router::due_probes`] re-judges those endpoints on their evidence.
     kept_for_stall: AtomicBool,
+    /// Where the next bounded claim of probes starts (an index into the table's
+    /// services; see [`Router::due_probes_at_most`]).
+    probe_cursor: AtomicU64,
 }
 
 /// How long after a measured stall the pool's last member is not evicted for latency.
@@ -282,6 +285,7 @@ impl Router {
             ejection: Mutex::new(()),
             last_stall: AtomicU64::new(0),
             kept_for_stall: AtomicBool::new(false),
+            probe_cursor: AtomicU64::new(0),
         }
     }
 
@@ -674,17 +678,44 @@ impl Router {
     /// evicted endpoints on their schedule, and new endpoints never measured (one first
     /// probe each).
     pub fn due_probes(&self, now: Instant) -> Vec<ProbeTicket> {
+        self.due_probes_at_most(now, usize::MAX)
+    }
+
+    /// [`due_probes`](Self::due_probes), claiming at most `limit`: the data plane keeps
+    /// its probes in flight bounded, so that a thousand new endpoints (a start, a large
+    /// rollout) are probed a wave at a time instead of opening a connection to each at
+    /// once. What is left stays due and is claimed by a later call, which starts right
+    /// after the last endpoint this one claimed: a bound never starves any endpoint.
+    pub fn due_probes_at_most(&self, now: Instant, limit: usize) -> Vec<ProbeTicket> {
         self.rejudge_after_stall(now);
         let table = self.table.load();
         let mut due = Vec::new();
-        for route in table.services.values() {
+        let count = table.services.len();
+        if limit == 0 || count == 0 {
+            return due;
+        }
+        // The map is never changed once published, so its order is stable between calls
+        // on the same table (a new table merely resumes the rotation elsewhere).
+        let (start, start_slot) = unpack_cursor(self.probe_cursor.load(Ordering::Relaxed));
+        let start = start % count;
+        // The first service is visited from the cursor on, and once more at the end up
+        // to it, so every (service, endpoint) is visited once per call.
+        let visits = table.services.values().cycle().skip(start).take(count + 1);
+        for (offset, route) in visits.enumerate() {
             if !route.strategy.probes_evicted() {
                 continue;
             }
+            let eligible = route.eligible();
+            let slots = match offset {
+                0 => start_slot.min(eligible.len())..eligible.len(),
+                _ if offset == count => 0..start_slot.min(eligible.len()),
+                _ => 0..eligible.len(),
+            };
             let settings = route.settings();
             let port_name = resolve_port(route, None).unwrap_or("");
             let env = &table.environment;
-            for &i in route.eligible() {
+            for slot in slots {
+                let i = eligible[slot];
                 let ep = &route.endpoints[i];
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
@@ -707,6 +738,11 @@ impl Router {
                         state: ep.state.clone(),
                         done: false,
                     });
+                    if due.len() == limit {
+                        let next = pack_cursor((start + offset) % count, slot + 1);
+                        self.probe_cursor.store(next, Ordering::Relaxed);
+                        return due;
+                    }
                 }
             }
         }
@@ -776,6 +812,20 @@ impl Router {
         }
         change
     }
+}
+
+/// A bounded probe claim's resume point: a service's place in the table and an
+/// endpoint's place in that service's eligible list, 32 bits each.
+fn pack_cursor(service: usize, slot: usize) -> u64 {
+    let part = |v: usize| u64::try_from(v).unwrap_or(u64::MAX) & u64::from(u32::MAX);
+    (part(service) << 32) | part(slot)
+}
+
+fn unpack_cursor(cursor: u64) -> (usize, usize) {
+    (
+        (cursor >> 32) as usize,
+        (cursor & u64::from(u32::MAX)) as usize,
+    )
 }
 
 fn by_id(endpoints: Vec<Endpoint>) -> BTreeMap<EndpointId, Endpoint> {

@@ -756,3 +756,77 @@ fn the_initial_estimate_keeps_pods_on_too_distant_nodes_out_of_the_pool() {
     });
     assert_eq!(pool_ids(&router), ["pod-0", "pod-1", "pod-2"]);
 }
+
+/// Services `svc-0` … with `pods` never-measured endpoints each: every one is due its
+/// first probe at once.
+fn router_with_services(services: usize, pods: usize, now: Instant) -> Router {
+    let router = Router::new(None);
+    let services = (0..services)
+        .map(|s| {
+            let key = ServiceKey::new("default", format!("svc-{s}"));
+            let eps = (0..pods)
+                .map(|p| Endpoint::new(format!("svc-{s}-pod-{p}"), addr(s * pods + p)))
+                .collect();
+            (ServiceSpec::new(key, vec![], slo80()), eps)
+        })
+        .collect();
+    router.apply(
+        [Update::Reset {
+            nodes: vec![],
+            services,
+        }],
+        now,
+    );
+    router
+}
+
+#[test]
+fn a_bounded_claim_of_probes_takes_a_wave_at_a_time_and_reaches_every_endpoint() {
+    let t0 = Instant::now();
+    let router = router_with_services(7, 5, t0);
+    // Tickets held: the probes are in flight, so what they claimed is not due again.
+    let mut in_flight = Vec::new();
+    let mut claimed = std::collections::HashSet::new();
+    let mut waves = 0;
+    loop {
+        let wave = router.due_probes_at_most(t0, 4);
+        if wave.is_empty() {
+            break;
+        }
+        assert!(wave.len() <= 4, "a wave of {}", wave.len());
+        for ticket in &wave {
+            assert!(
+                claimed.insert(ticket.id.clone()),
+                "{} claimed twice",
+                ticket.id
+            );
+        }
+        in_flight.extend(wave);
+        waves += 1;
+    }
+    assert_eq!(claimed.len(), 35, "every endpoint's first probe is claimed");
+    assert_eq!(waves, 9, "35 probes, 4 at a time");
+    assert!(router.due_probes(t0).is_empty());
+}
+
+#[test]
+fn a_bounded_claim_resumes_after_the_last_endpoint_it_claimed() {
+    // Claims released at once (tickets dropped unreported) make every endpoint due
+    // again: a claim that restarted from the same place would take the same few
+    // endpoints forever.
+    let t0 = Instant::now();
+    let router = router_with_services(3, 5, t0);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let wave = router.due_probes_at_most(t0, 3);
+        assert_eq!(wave.len(), 3);
+        seen.extend(wave.iter().map(|t| t.id.clone()));
+    }
+    assert_eq!(
+        seen.len(),
+        15,
+        "five waves of three reach all fifteen endpoints"
+    );
+    assert_eq!(router.due_probes_at_most(t0, 0).len(), 0);
+    assert_eq!(router.due_probes_at_most(t0, usize::MAX).len(), 15);
+}

@@ -18,6 +18,11 @@
 //! that work. Until such a request was seen, or when the last one is older than the
 //! service's `qos-pool-max-age`, the probe is `GET <probe-path>`.
 //!
+//! At most `max_concurrent_probes` probes are in flight; what else is due waits for a
+//! later tick (resuming where the last claim stopped). Without the bound, a start or a
+//! large rollout would open a connection to every new endpoint at once: a thousand
+//! HTTP/1.1 connections with their buffers, a memory peak that the heap keeps long after.
+//!
 //! Housekeeping rides on the same loop: expired idle connections are closed and metric
 //! series of services and endpoints that are gone are dropped.
 
@@ -154,7 +159,8 @@ pub async fn run_prober(proxy: Arc<Proxy>, shutdown: impl Future<Output = ()> + 
             () = &mut shutdown => break,
             _ = tick.tick() => {
                 let now = Instant::now();
-                for ticket in proxy.router.due_probes(now) {
+                let room = proxy.config.max_concurrent_probes.saturating_sub(probes.len());
+                for ticket in proxy.router.due_probes_at_most(now, room) {
                     probes.spawn(probe(proxy.clone(), ticket));
                 }
                 if now.duration_since(last_sweep) >= SWEEP_EVERY {

@@ -332,6 +332,18 @@ pub struct ProxyArgs {
     )]
     pub upstream_max_idle_buffered: usize,
 
+    /// Most background probes of evicted or new endpoints in flight at once; more that
+    /// are due wait for a later tick (100 ms). Bounds the connections a start or a large
+    /// rollout opens at once.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_CONCURRENT_PROBES",
+        default_value = "32",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_concurrent_probes: u32,
+
     /// Local address to connect to pods from (as HAProxy's `source`): pods, and
     /// anything between, see it as the peer. Background probes and peer latency probes
     /// leave from it too. Default: the kernel chooses.
@@ -732,6 +744,7 @@ impl ProxyArgs {
             max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
             max_idle_total: self.upstream_max_idle,
             max_idle_buffered: self.upstream_max_idle_buffered,
+            max_concurrent_probes: self.max_concurrent_probes as usize,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
