@@ -22,10 +22,13 @@
 //!
 //! Cost: the pool re-judges an endpoint after every measurement, so the estimator keeps
 //! its window's values sorted as they come and go (an insertion and a removal in a
-//! sorted array of `window` values) and tracks its oldest sample (a monotonic queue).
-//! While every sample is fresh, which is the steady state, a prediction is then two
-//! binary searches and one array read; only a window holding stale samples is filtered
-//! and ranked sample by sample. Both ways give the same numbers.
+//! sorted array of `window` values). The window itself is in time order: a sample
+//! stamped earlier than the newest one already in it (concurrent recorders finishing a
+//! few microseconds apart take the endpoint's lock in either order) is stamped with that
+//! newest time instead, so its first sample is its oldest and the stale ones are a
+//! prefix. While every sample is fresh, which is the steady state, a prediction is then
+//! two binary searches and one array read; only a window holding stale samples is
+//! filtered and ranked sample by sample. Both ways give the same numbers.
 //!
 //! Memory: a thousand endpoints keep a thousand windows, so a sample is 16 bytes (its
 //! time as signed nanoseconds from the estimator's first sample, and its value), its
@@ -54,14 +57,10 @@ struct Sample {
 #[derive(Clone, Debug)]
 pub struct LatencyEstimator {
     window: usize,
-    /// Oldest first. The one at index `i` is sample number `total - len + i` of all
-    /// samples ever pushed (its `seq`, which identifies it in `oldest`).
+    /// Oldest first, their stamps ascending (see the module docs).
     samples: VecDeque<Sample>,
     /// The values of `samples`, ascending.
     sorted: Vec<u64>,
-    /// Candidates for the oldest sample as `(seq, at)`, both ascending: the front is
-    /// the oldest sample in the window (a monotonic queue over the window).
-    oldest: VecDeque<(u64, Stamp)>,
     /// The origin of the samples' [`Stamp`]s: the time of the first sample.
     base: Option<Instant>,
     ewma_us: Option<f64>,
@@ -102,7 +101,6 @@ impl LatencyEstimator {
             window,
             samples: VecDeque::new(),
             sorted: Vec::new(),
-            oldest: VecDeque::new(),
             base: None,
             ewma_us: None,
             total: 0,
@@ -158,34 +156,22 @@ impl LatencyEstimator {
         if self.samples.len() == self.window {
             self.pop_oldest();
         }
-        let seq = self.total;
         self.base.get_or_insert(at);
-        let at = self.stamp(at);
+        let newest = self.samples.back().map_or(Stamp::MIN, |s| s.at);
+        let at = self.stamp(at).max(newest);
         self.samples.push_back(Sample { at, micros });
         let position = self.sorted.partition_point(|&v| v < micros);
         self.sorted.insert(position, micros);
-        while self.oldest.back().is_some_and(|&(_, t)| t >= at) {
-            self.oldest.pop_back();
-        }
-        self.oldest.push_back((seq, at));
         self.total += 1;
     }
 
     /// Drop the sample pushed first.
     fn pop_oldest(&mut self) {
-        let seq = self.total - self.samples.len() as u64;
         let Some(sample) = self.samples.pop_front() else {
             return;
         };
         let position = self.sorted.partition_point(|&v| v < sample.micros);
         self.sorted.remove(position);
-        if self
-            .oldest
-            .front()
-            .is_some_and(|&(oldest, _)| oldest == seq)
-        {
-            self.oldest.pop_front();
-        }
     }
 
     /// Forget every sample except the newest `keep`.
@@ -204,27 +190,19 @@ impl LatencyEstimator {
         let before = self.stamp(before);
         self.samples
             .retain(|s| s.at >= before || s.micros <= slo_us);
-        // Rare (a re-admission): rebuild the sorted values and the oldest-sample queue
-        // (the samples kept are numbered afresh by their places).
+        // Rare (a re-admission): rebuild the sorted values. The samples kept are still
+        // in time order.
         self.sorted.clear();
         self.sorted.extend(self.samples.iter().map(|s| s.micros));
         self.sorted.sort_unstable();
-        self.oldest.clear();
-        let first = self.total - self.samples.len() as u64;
-        for (seq, s) in (first..).zip(&self.samples) {
-            while self.oldest.back().is_some_and(|&(_, t)| t >= s.at) {
-                self.oldest.pop_back();
-            }
-            self.oldest.push_back((seq, s.at));
-        }
     }
 
     /// Whether every sample in the window is fresh at `now`.
     fn all_fresh(&self, now: Instant, max_age: Duration) -> bool {
         let now = self.stamp(now);
-        self.oldest
+        self.samples
             .front()
-            .is_none_or(|&(_, at)| Self::is_fresh(at, now, max_age))
+            .is_none_or(|s| Self::is_fresh(s.at, now, max_age))
     }
 
     /// Measurements recorded over the estimator's life.
@@ -234,9 +212,11 @@ impl LatencyEstimator {
 
     fn fresh(&self, now: Instant, max_age: Duration) -> impl Iterator<Item = &Sample> {
         let now = self.stamp(now);
-        self.samples
-            .iter()
-            .filter(move |s| Self::is_fresh(s.at, now, max_age))
+        // The stamps ascend, so the stale samples are a prefix.
+        let first = self
+            .samples
+            .partition_point(|s| !Self::is_fresh(s.at, now, max_age));
+        self.samples.range(first..)
     }
 
     /// The prediction for `slo` at `percentile` from samples no older than `max_age`.
@@ -420,6 +400,21 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_recorded_out_of_order_ages_with_the_newest_one() {
+        let t0 = Instant::now() + ms(1000);
+        let mut e = LatencyEstimator::new(4);
+        e.record(t0, ms(1));
+        // A concurrent recorder that took the lock second, with an earlier time.
+        e.record(t0 - ms(40), ms(2));
+        // Stamped as taken at t0: 15 ms old, not 55, so still fresh at a 50 ms age limit.
+        assert_eq!(e.count_within(t0 + ms(15), ms(50), ms(10)), (2, 2));
+        assert_eq!(e.count_within(t0 + ms(51), ms(50), ms(10)), (0, 0));
+        // And the window is in time order again for what comes later.
+        e.record(t0 + ms(60), ms(3));
+        assert_eq!(e.count_within(t0 + ms(60), ms(50), ms(10)), (1, 1));
+    }
+
+    #[test]
     fn reading_does_not_change_state() {
         let t0 = Instant::now();
         let mut e = LatencyEstimator::new(4);
@@ -469,17 +464,19 @@ mod tests {
         for _ in 0..200 {
             let window = rng.gen_range(1..40);
             let mut e = LatencyEstimator::new(window);
-            // What the window should hold: (at, micros), oldest first.
+            // What the window should hold: (at, micros), oldest first, each stamped no
+            // earlier than the newest before it (see the module docs).
             let mut model: Vec<(Instant, u64)> = Vec::new();
             let mut clock = t0 + Duration::from_secs(1);
             for _ in 0..rng.gen_range(1..200) {
                 // Mostly forward, sometimes a little back (concurrent recorders).
                 clock += Duration::from_millis(rng.gen_range(0..400));
                 let at = clock - Duration::from_millis(rng.gen_range(0..3) * 50);
+                let stamped = model.last().map_or(at, |&(newest, _)| at.max(newest));
                 match rng.gen_range(0..20) {
                     0 => {
                         e.record_failure(at);
-                        model.push((at, MISS_US));
+                        model.push((stamped, MISS_US));
                     }
                     1 => {
                         let keep = rng.gen_range(0..window + 1);
@@ -498,7 +495,7 @@ mod tests {
                     _ => {
                         let micros = rng.gen_range(0..100_000);
                         e.record(at, Duration::from_micros(micros));
-                        model.push((at, micros));
+                        model.push((stamped, micros));
                     }
                 }
                 if model.len() > window {
