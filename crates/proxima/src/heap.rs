@@ -9,6 +9,14 @@
 //! It holds each arena's lock for the walk, well under a millisecond at this proxy's
 //! heap sizes, so it runs once the proxy is ready and then every [`TRIM_EVERY`].
 //! Elsewhere than glibc it does nothing.
+//!
+//! glibc also gives each thread that allocates an arena of its own, up to eight per CPU,
+//! and free pages in one arena serve no other: with a data-plane worker, the control
+//! plane's runtime and the main thread, the same load leaves several partly used heaps.
+//! [`limit_arenas`] caps them at one per data-plane worker before any thread starts
+//! (as `MALLOC_ARENA_MAX` would), which keeps the workers apart and has the rarely
+//! allocating control-plane threads share with them. An operator's `MALLOC_ARENA_MAX`
+//! wins.
 
 use std::future::Future;
 use std::time::Duration;
@@ -28,6 +36,22 @@ pub async fn give_back_free_pages(stop: impl Future<Output = ()>) {
         }
     }
 }
+
+/// At most `workers` malloc arenas (at least one), unless `MALLOC_ARENA_MAX` is set.
+/// Call before any thread is started: threads that already have an arena keep it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn limit_arenas(workers: usize) {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    let arenas = libc::c_int::try_from(workers.max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only sets a tunable of the allocator under its own lock; M_ARENA_MAX
+    // takes any positive count.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn limit_arenas(_workers: usize) {}
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim() {
@@ -80,5 +104,74 @@ mod tests {
         );
         // What is still in use stays.
         assert!(kept.iter().enumerate().all(|(i, b)| b[0] == i as u8));
+    }
+
+    /// The arenas glibc reports (`malloc_info`'s `<heap nr=…>` elements).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn arenas() -> usize {
+        let mut buf: *mut libc::c_char = std::ptr::null_mut();
+        let mut len: libc::size_t = 0;
+        // SAFETY: open_memstream gives a stream writing into a buffer it allocates;
+        // after fclose `buf` holds `len` bytes, which are freed below.
+        let xml = unsafe {
+            let stream = libc::open_memstream(&mut buf, &mut len);
+            assert!(!stream.is_null());
+            assert_eq!(libc::malloc_info(0, stream), 0);
+            libc::fclose(stream);
+            let xml = String::from_utf8_lossy(std::slice::from_raw_parts(buf.cast::<u8>(), len))
+                .into_owned();
+            libc::free(buf.cast());
+            xml
+        };
+        xml.matches("<heap nr=").count()
+    }
+
+    const CHILD: &str = "PROXIMA_HEAP_TEST_CHILD";
+
+    /// Run in a child process (arenas cannot be limited once threads have their own):
+    /// four threads allocate at once under a limit of two arenas.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn arenas_stay_within_the_limit() {
+        if std::env::var_os(CHILD).is_some() {
+            limit_arenas(2);
+            let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        let blocks: Vec<Vec<u8>> = (0..1000).map(|i| vec![i as u8; 256]).collect();
+                        start.wait();
+                        blocks.len()
+                    })
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap(), 1000);
+            }
+            let arenas = arenas();
+            assert!(
+                (1..=2).contains(&arenas),
+                "{arenas} arenas under a limit of 2"
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "heap::tests::arenas_stay_within_the_limit",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env_remove("MALLOC_ARENA_MAX")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
 }

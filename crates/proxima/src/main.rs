@@ -28,7 +28,10 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Check(args) => return check::run(&args),
-        Command::Run(args) => block_on(run::run(args)),
+        Command::Run(args) => {
+            heap::limit_arenas(args.serve.proxy.worker_count());
+            block_on(run::run(args))
+        }
         Command::Demo(args) => block_on(demo::run(args)),
     };
     match result {
