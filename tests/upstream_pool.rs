@@ -355,7 +355,7 @@ async fn first_probes_of_many_new_pods_go_out_a_bounded_wave_at_a_time() {
         services.push((service("shop", &format!("svc-{s}"), &[], &[]), endpoints));
     }
     let config = ProxyConfig {
-        max_concurrent_probes: BOUND,
+        max_concurrent_first_probes: BOUND,
         ..ProxyConfig::default()
     };
     // Every pod is new and never measured: each is due its first probe at once.

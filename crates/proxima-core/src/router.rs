@@ -210,6 +210,8 @@ pub struct ProbeTicket {
     pub shape: ProbeShape,
     /// Time limit of the probe: the service's `timeout`, at most 10 × its latency SLO.
     pub timeout: Duration,
+    /// The first probe of a new endpoint (not of an evicted one).
+    pub first: bool,
     settings: ServiceSettings,
     state: Arc<EndpointState>,
     done: bool,
@@ -681,23 +683,29 @@ impl Router {
         self.due_probes_at_most(now, usize::MAX)
     }
 
-    /// [`due_probes`](Self::due_probes), claiming at most `limit`: the data plane keeps
-    /// its probes in flight bounded, so that a thousand new endpoints (a start, a large
-    /// rollout) are probed a wave at a time instead of opening a connection to each at
-    /// once. What is left stays due and is claimed by a later call, which starts right
-    /// after the last endpoint this one claimed: a bound never starves any endpoint.
-    pub fn due_probes_at_most(&self, now: Instant, limit: usize) -> Vec<ProbeTicket> {
+    /// [`due_probes`](Self::due_probes), claiming at most `first_probes` first probes of
+    /// new endpoints. The data plane bounds its first probes in flight, so that a thousand
+    /// new endpoints (a start, a large rollout) are probed a wave at a time instead of
+    /// opening a connection to each at once; what is left stays due and is claimed by a
+    /// later call, which starts right after the last endpoint this one claimed, so a
+    /// bound never starves any endpoint. Probes of evicted endpoints are never held back:
+    /// they are how a recovered pod gets back into its pool, and a few that hang until
+    /// their timeout must not delay the others. (New endpoints are in their pool while
+    /// they warm up, so a later first probe costs no capacity.)
+    pub fn due_probes_at_most(&self, now: Instant, first_probes: usize) -> Vec<ProbeTicket> {
         self.rejudge_after_stall(now);
         let table = self.table.load();
         let mut due = Vec::new();
         let count = table.services.len();
-        if limit == 0 || count == 0 {
+        if count == 0 {
             return due;
         }
         // The map is never changed once published, so its order is stable between calls
         // on the same table (a new table merely resumes the rotation elsewhere).
         let (start, start_slot) = unpack_cursor(self.probe_cursor.load(Ordering::Relaxed));
         let start = start % count;
+        let mut firsts = 0;
+        let mut resume_at = None;
         // The first service is visited from the cursor on, and once more at the end up
         // to it, so every (service, endpoint) is visited once per call.
         let visits = table.services.values().cycle().skip(start).take(count + 1);
@@ -723,10 +731,15 @@ impl Router {
                 if ep.state.in_pool() && !first_probe {
                     continue;
                 }
+                if first_probe && firsts == first_probes {
+                    resume_at.get_or_insert(((start + offset) % count, slot));
+                    continue;
+                }
                 let Some(port) = ep.endpoint.port(port_name) else {
                     continue;
                 };
                 if ep.state.claim_probe(now, first_probe) {
+                    firsts += usize::from(first_probe);
                     due.push(ProbeTicket {
                         service: route.key().clone(),
                         id: ep.endpoint.id.clone(),
@@ -734,17 +747,17 @@ impl Router {
                         path: settings.qos_pool.probe_path.clone(),
                         shape: settings.qos_pool.probe,
                         timeout: settings.timeout.min(settings.latency_slo * 10),
+                        first: first_probe,
                         settings: settings.clone(),
                         state: ep.state.clone(),
                         done: false,
                     });
-                    if due.len() == limit {
-                        let next = pack_cursor((start + offset) % count, slot + 1);
-                        self.probe_cursor.store(next, Ordering::Relaxed);
-                        return due;
-                    }
                 }
             }
+        }
+        if let Some((service, slot)) = resume_at {
+            self.probe_cursor
+                .store(pack_cursor(service, slot), Ordering::Relaxed);
         }
         due
     }

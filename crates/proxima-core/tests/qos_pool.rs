@@ -830,3 +830,27 @@ fn a_bounded_claim_resumes_after_the_last_endpoint_it_claimed() {
     assert_eq!(router.due_probes_at_most(t0, 0).len(), 0);
     assert_eq!(router.due_probes_at_most(t0, usize::MAX).len(), 15);
 }
+
+#[test]
+fn the_bound_on_first_probes_never_holds_back_a_probe_of_an_evicted_endpoint() {
+    let t0 = Instant::now();
+    let s = settings(&[("latency-slo", "10ms"), ("qos-pool-probe-interval", "10ms")]);
+    let router = router_with(3, s, t0);
+    let mut rng = SmallRng::seed_from_u64(4);
+    let p = router.pick(&key(), None, t0, &mut rng, &[]).unwrap();
+    let evicted = p.endpoint().id.clone();
+    assert_eq!(
+        router.record(&p, t0, Outcome::Failed),
+        Some(PoolChange::Evicted)
+    );
+    drop(p);
+    // The two others were never measured: each is due a first probe.
+    let t = t0 + ms(20);
+    let held = router.due_probes_at_most(t, 0);
+    assert_eq!(held.len(), 1, "only the evicted endpoint's probe");
+    assert_eq!(held[0].id, evicted);
+    assert!(!held[0].first);
+    let firsts = router.due_probes_at_most(t, 10);
+    assert_eq!(firsts.len(), 2);
+    assert!(firsts.iter().all(|t| t.first && t.id != evicted));
+}

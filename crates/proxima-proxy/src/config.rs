@@ -61,9 +61,9 @@ pub struct ProxyConfig {
     /// sent); beyond it requests are shed at once with `503`, a JSON body and
     /// `retry-after`, instead of queueing. Default 4096.
     pub max_concurrent_requests: usize,
-    /// Most background probes in flight at once (see `prober`); more that are due wait
-    /// for a later tick. Default 32.
-    pub max_concurrent_probes: usize,
+    /// Most first probes of new endpoints in flight at once (see `prober`); more that are
+    /// due wait for a later tick. Probes of evicted endpoints are not bounded. Default 32.
+    pub max_concurrent_first_probes: usize,
     /// Most header lines in a client request; more get `431` with a JSON body. Default 200.
     pub max_request_headers: usize,
     /// Most header lines in a pod's response; more are an upstream protocol error
@@ -92,7 +92,7 @@ impl Default for ProxyConfig {
             body_idle_timeout: Duration::from_secs(60),
             max_client_connections: 4096,
             max_concurrent_requests: 4096,
-            max_concurrent_probes: 32,
+            max_concurrent_first_probes: 32,
             max_request_headers: 200,
             max_response_headers: 500,
             max_uri_bytes: 8 * 1024,

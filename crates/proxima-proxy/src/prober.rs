@@ -18,16 +18,19 @@
 //! that work. Until such a request was seen, or when the last one is older than the
 //! service's `qos-pool-max-age`, the probe is `GET <probe-path>`.
 //!
-//! At most `max_concurrent_probes` probes are in flight; what else is due waits for a
-//! later tick (resuming where the last claim stopped). Without the bound, a start or a
-//! large rollout would open a connection to every new endpoint at once: a thousand
-//! HTTP/1.1 connections with their buffers, a memory peak that the heap keeps long after.
+//! At most `max_concurrent_first_probes` first probes of new endpoints are in flight;
+//! other new endpoints wait for a later tick (resuming where the last claim stopped).
+//! Without the bound, a start or a large rollout would open a connection to every new
+//! endpoint at once: a thousand HTTP/1.1 connections with their buffers, a memory peak
+//! that the heap keeps long after. Probes of evicted endpoints are not bounded: a few
+//! hanging until their timeout must not delay another pod's return to its pool.
 //!
 //! Housekeeping rides on the same loop: expired idle connections are closed and metric
 //! series of services and endpoints that are gone are dropped.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -152,6 +155,7 @@ pub async fn run_prober(proxy: Arc<Proxy>, shutdown: impl Future<Output = ()> + 
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probes = JoinSet::new();
+    let first_in_flight = Arc::new(AtomicUsize::new(0));
     let mut last_sweep = Instant::now();
     tokio::pin!(shutdown);
     loop {
@@ -159,9 +163,15 @@ pub async fn run_prober(proxy: Arc<Proxy>, shutdown: impl Future<Output = ()> + 
             () = &mut shutdown => break,
             _ = tick.tick() => {
                 let now = Instant::now();
-                let room = proxy.config.max_concurrent_probes.saturating_sub(probes.len());
+                let bound = proxy.config.max_concurrent_first_probes;
+                let room = bound.saturating_sub(first_in_flight.load(Ordering::Relaxed));
                 for ticket in proxy.router.due_probes_at_most(now, room) {
-                    probes.spawn(probe(proxy.clone(), ticket));
+                    let slot = ticket.first.then(|| FirstProbeSlot::take(&first_in_flight));
+                    let probe = probe(proxy.clone(), ticket);
+                    probes.spawn(async move {
+                        probe.await;
+                        drop(slot);
+                    });
                 }
                 if now.duration_since(last_sweep) >= SWEEP_EVERY {
                     last_sweep = now;
@@ -176,6 +186,22 @@ pub async fn run_prober(proxy: Arc<Proxy>, shutdown: impl Future<Output = ()> + 
     }
     // Unfinished probes drop their tickets, which releases the claims.
     probes.shutdown().await;
+}
+
+/// A first probe in flight, counted until dropped (with its task, however it ends).
+struct FirstProbeSlot(Arc<AtomicUsize>);
+
+impl FirstProbeSlot {
+    fn take(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for FirstProbeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Probe one endpoint and report the outcome.

@@ -332,17 +332,17 @@ pub struct ProxyArgs {
     )]
     pub upstream_max_idle_buffered: usize,
 
-    /// Most background probes of evicted or new endpoints in flight at once; more that
-    /// are due wait for a later tick (100 ms). Bounds the connections a start or a large
-    /// rollout opens at once.
+    /// Most first probes of new endpoints in flight at once; more that are due wait for a
+    /// later tick (100 ms). Bounds the connections a start or a large rollout opens at
+    /// once. Probes of evicted endpoints are not bounded.
     #[arg(
         long,
-        env = "PROXIMA_MAX_CONCURRENT_PROBES",
+        env = "PROXIMA_MAX_CONCURRENT_FIRST_PROBES",
         default_value = "32",
         value_name = "COUNT",
         value_parser = clap::value_parser!(u32).range(1..)
     )]
-    pub max_concurrent_probes: u32,
+    pub max_concurrent_first_probes: u32,
 
     /// Local address to connect to pods from (as HAProxy's `source`): pods, and
     /// anything between, see it as the peer. Background probes and peer latency probes
@@ -744,7 +744,7 @@ impl ProxyArgs {
             max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
             max_idle_total: self.upstream_max_idle,
             max_idle_buffered: self.upstream_max_idle_buffered,
-            max_concurrent_probes: self.max_concurrent_probes as usize,
+            max_concurrent_first_probes: self.max_concurrent_first_probes as usize,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
