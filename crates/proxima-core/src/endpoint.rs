@@ -40,10 +40,10 @@
 //!   stall is out of memory, traffic or not.
 //!
 //! One [`EndpointState`] lives as long as the endpoint's id stays in its service, across
-//! any number of discovery updates. The hot path reads only atomics (`in_flight`,
+//! any number of discovery updates. The hot path reads only atomics (`attempts`,
 //! `admitted`, `cooldown_until`); the mutex is taken once per finished request.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,14 @@ pub const FLAP_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Share of its full weight a re-admitted pod starts its slow start with (Envoy's
 /// `min_weight_percent` default, 10%).
 const SLOW_START_MIN_WEIGHT: f64 = 0.1;
+
+/// Bits of [`EndpointState`]'s `attempts` word that count attempts in flight: up to
+/// 16.7 million at once to one endpoint, far beyond what one proxy's sockets and memory
+/// allow (each attempt holds a connection or stream and a `Picked`).
+const IN_FLIGHT_BITS: u32 = 24;
+const IN_FLIGHT_MASK: u64 = (1 << IN_FLIGHT_BITS) - 1;
+/// One attempt started, in the `attempts` word.
+const ONE_STARTED: u64 = 1 << IN_FLIGHT_BITS;
 
 /// Fixed-point unit of the spreading counter: one pick at full weight.
 pub(crate) const PICK_UNIT: u64 = 1000;
@@ -178,7 +186,9 @@ pub(crate) struct Stats {
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub struct EndpointState {
-    in_flight: AtomicU32,
+    /// Attempts in flight (the low [`IN_FLIGHT_BITS`] bits) and attempts started (the
+    /// rest), in one word so that starting an attempt is one atomic add, not two.
+    attempts: AtomicU64,
     admitted: AtomicBool,
     /// Whether the admission is `Warming` (no verdict from measurements yet).
     warming: AtomicBool,
@@ -190,7 +200,6 @@ pub struct EndpointState {
     picks: AtomicU64,
     /// Start of the slow start after re-admission (ns after `epoch`; 0: none).
     ramp_start: AtomicU64,
-    requests: AtomicU64,
     /// Peak EWMA of response times (f64 seconds as bits; 0 = no sample) and when it was
     /// last updated (ns after `epoch`), for the `p2c-ewma` strategy.
     peak_ewma_bits: AtomicU64,
@@ -263,7 +272,7 @@ impl EndpointState {
                 warming_since: None,
                 scratch: Vec::with_capacity(settings.qos_pool.window),
             }),
-            in_flight: AtomicU32::new(0),
+            attempts: AtomicU64::new(0),
             admitted: AtomicBool::new(true),
             warming: AtomicBool::new(true),
             cooldown_until: AtomicU64::new(0),
@@ -271,7 +280,6 @@ impl EndpointState {
             peak_ewma_bits: AtomicU64::new(0),
             peak_ewma_at: AtomicU64::new(0),
             epoch,
-            requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             picks: AtomicU64::new(0),
             needs_baseline: AtomicBool::new(true),
@@ -347,7 +355,8 @@ impl EndpointState {
 
     /// Requests currently outstanding to this endpoint (through this proxy).
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        // At most IN_FLIGHT_BITS (< 32) bits.
+        (self.attempts.load(Ordering::Relaxed) & IN_FLIGHT_MASK) as u32
     }
 
     /// Whether the QoS pool currently admits it (warming or admitted).
@@ -413,9 +422,11 @@ impl EndpointState {
         self.held_until_probed.load(Ordering::Relaxed) && !self.measured()
     }
 
-    /// Attempts started on it ([`EndpointState::start`]) since it was created.
+    /// Attempts started on it ([`EndpointState::start`]) since it was created, modulo
+    /// 2^40 (at 100,000 requests per second to this one endpoint, it wraps after four
+    /// months).
     pub fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.attempts.load(Ordering::Relaxed) >> IN_FLIGHT_BITS
     }
 
     /// Outcomes that counted as failures (no connection, no response, or a `failure-status`
@@ -448,13 +459,12 @@ impl EndpointState {
 
     /// One more attempt outstanding; the caller calls [`Self::end_attempt`] once for it.
     pub(crate) fn begin_attempt(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.attempts.fetch_add(ONE_STARTED + 1, Ordering::Relaxed);
     }
 
     /// An attempt counted by [`Self::begin_attempt`] is over.
     pub(crate) fn end_attempt(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.attempts.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Feed an outcome; returns a pool change if the verdict flipped.
@@ -816,5 +826,34 @@ pub struct InFlight(Arc<EndpointState>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.end_attempt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In-flight and started attempts share one word; each keeps its own count.
+    #[test]
+    fn attempts_in_flight_and_started_count_apart() {
+        let state = Arc::new(EndpointState::new(
+            &ServiceSettings::default(),
+            Instant::now(),
+        ));
+        let guards: Vec<InFlight> = (0..300).map(|_| state.start()).collect();
+        assert_eq!((state.in_flight(), state.requests()), (300, 300));
+        drop(guards);
+        assert_eq!((state.in_flight(), state.requests()), (0, 300));
+        // Concurrent starts and ends lose none of either.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        let _attempt = state.start();
+                    }
+                });
+            }
+        });
+        assert_eq!((state.in_flight(), state.requests()), (0, 40_300));
     }
 }

@@ -23,6 +23,7 @@ pub mod environment;
 pub mod estimator;
 pub mod explain;
 pub mod model;
+pub mod pool_list;
 pub mod retry_budget;
 pub mod route;
 pub mod router;
@@ -36,10 +37,12 @@ pub use model::{
     is_dns_label, Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node, ServiceKey,
     ServicePort, ServiceSpec, TrafficPolicy, Update,
 };
+pub use pool_list::{PoolList, PoolView};
 pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};
 pub use route::{NodeGroup, NodeReadings, Route, RouteEndpoint};
 pub use router::{
-    ApplyReport, PickError, Picked, PortRef, ProbeTicket, Router, ServiceRoute, Table,
+    release_cached_table, ApplyReport, PickError, Picked, PortRef, ProbeTicket, Router,
+    ServiceRoute, Table,
 };
 pub use settings::{ProbeShape, ServiceSettings, SettingError, StatusSet};
 pub use strategy::{Choice, NodeCandidates, PickContext, Reason, Strategy, StrategyRegistry};

@@ -13,8 +13,9 @@
 //!
 //! * the **QoS pool** (`pool`): rebuilt from the endpoints' admission verdicts after a
 //!   measurement flips one, and from node latencies after an environment update. It is
-//!   an [`ArcSwap`]: a pick reads one complete list, old or new, and a writer publishes
-//!   a whole new list under the router's writer lock, so two writers never interleave;
+//!   a [`PoolList`]: a pick reads one complete list, old or new, with plain atomic loads
+//!   (no reference count taken), and a writer publishes a whole new list under the
+//!   router's writer lock, so two writers never interleave;
 //! * each endpoint's [`EndpointState`]: atomics and a mutex of its own, shared with the
 //!   routes built later for the same endpoint (that is how measurements survive updates);
 //! * two caches that only ever hold what could be recomputed from the route, the
@@ -35,11 +36,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+use arc_swap::{ArcSwapOption, Guard};
 
 use crate::endpoint::EndpointState;
 use crate::environment::{Environment, Usage};
 use crate::model::{Endpoint, ServiceKey, ServiceSpec};
+use crate::pool_list::{PoolList, PoolView};
 use crate::settings::ServiceSettings;
 
 /// An endpoint of a routed service: what discovery said, plus the live state.
@@ -78,7 +80,8 @@ pub struct Route {
     /// Each endpoint's state again, packed (see [`Route::state`]).
     states: Vec<Arc<EndpointState>>,
     eligible: Vec<usize>,
-    pool: ArcSwap<Vec<usize>>,
+    /// Members are distinct endpoints, so the list's capacity is the endpoint count.
+    pool: PoolList,
     /// Eligible endpoints by node, in node-name order (`None` first).
     nodes: Vec<NodeGroup>,
     /// For each endpoint, the index of its group in `nodes` (`NO_GROUP`: not eligible).
@@ -125,13 +128,14 @@ impl Route {
             })
             .collect();
         let states = endpoints.iter().map(|e| e.state.clone()).collect();
+        let endpoints_len = endpoints.len();
         let route = Self {
             spec,
             endpoints,
             states,
             addrs,
             eligible,
-            pool: ArcSwap::from_pointee(Vec::new()),
+            pool: PoolList::new(endpoints_len),
             nodes,
             group_of,
             cooldowns,
@@ -176,8 +180,20 @@ impl Route {
     /// serve meanwhile. The endpoints of a new service are tried on the initial
     /// estimate (QEdgeProxy §III-A, event 1); every new endpoint gets its first probe at
     /// once either way (`Router::due_probes`).
-    pub fn pool(&self) -> Guard<Arc<Vec<usize>>> {
-        self.pool.load()
+    ///
+    /// A copy of one complete version of the list; a pick reads it in place with
+    /// [`Self::read_pool`].
+    pub fn pool(&self) -> Vec<usize> {
+        self.pool.to_vec()
+    }
+
+    /// Run `read` on one complete version of the pool list (see [`Self::pool`]) without
+    /// copying it. `read` may run more than once when the pool changes meanwhile, so it
+    /// must have no effect other than its result and its RNG draws (see
+    /// [`PoolList::read`]).
+    #[inline]
+    pub fn read_pool<R>(&self, read: impl FnMut(PoolView<'_>) -> R) -> R {
+        self.pool.read(read)
     }
 
     /// The eligible endpoints grouped by node, in node-name order (endpoints without a
@@ -216,14 +232,14 @@ impl Route {
     }
 
     /// Publish a new pool list (the router computes it; it needs the strategy).
-    pub(crate) fn set_pool(&self, pool: Vec<usize>) {
-        self.pool.store(Arc::new(pool));
+    pub(crate) fn set_pool(&self, pool: &[usize]) {
+        self.pool.set(pool);
     }
 
     /// Whether the endpoint at `index` is kept out of the pool until its first probe.
     pub fn awaiting_first_probe(&self, index: usize) -> bool {
         let state = &self.endpoints[index].state;
-        state.warming() && state.held_until_probed() && !self.pool().contains(&index)
+        state.warming() && state.held_until_probed() && !self.read_pool(|p| p.contains(index))
     }
 
     /// How many of the eligible endpoints may be out for consecutive failures at once:

@@ -2,7 +2,9 @@
 //!
 //! Reads are lock-free: the table is a snapshot behind an [`ArcSwap`] (as pingora's
 //! `BackendSelection` does), and a pick only loads it, looks the service up and asks its
-//! strategy. The node environment (latencies, usage) is part of the snapshot, so one load
+//! strategy. A pick reads the snapshot through a per-thread cache (see
+//! [`release_cached_table`]): one atomic load to check that it is still the current one,
+//! instead of arc-swap's two read-modify-writes per load. The node environment (latencies, usage) is part of the snapshot, so one load
 //! gives a pick everything it reads. Writers (discovery updates, pool-membership changes, environment updates)
 //! are serialised by one mutex. A discovery update publishes a new snapshot; the
 //! snapshot's services, endpoints and node groups never change after that. What does
@@ -17,6 +19,7 @@
 //! new process, maybe on another node, and starts with no history, while a change of
 //! conditions, node, zone, hints or port keeps it.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
@@ -24,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::cache::Cache;
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
@@ -97,7 +101,7 @@ impl ServiceRoute {
         for &i in &pool {
             self.endpoints[i].state.join_baseline(baseline);
         }
-        self.route.set_pool(pool);
+        self.route.set_pool(&pool);
     }
 
     /// Whether never-measured members of `candidates` wait for a first probe: the
@@ -250,7 +254,9 @@ struct Desired {
 /// an `Arc`.
 #[derive(Debug)]
 pub struct Router {
-    table: ArcSwap<Table>,
+    /// Shared with the per-thread caches of the threads that picked (see
+    /// [`release_cached_table`]), which also use it to tell routers apart.
+    table: Arc<ArcSwap<Table>>,
     desired: Mutex<Desired>,
     registry: StrategyRegistry,
     local_node: Option<String>,
@@ -267,6 +273,40 @@ pub struct Router {
     probe_cursor: AtomicU64,
 }
 
+/// The table a thread's last pick read, with the router's table cell it came from.
+type TableCache = Cache<Arc<ArcSwap<Table>>, Arc<Table>>;
+
+thread_local! {
+    /// This thread's [`TableCache`] (see [`release_cached_table`]).
+    static CACHED_TABLE: RefCell<Option<TableCache>> = const { RefCell::new(None) };
+}
+
+/// Drop this thread's cached routing table.
+///
+/// [`Router::pick`] reads the table through a per-thread cache: it keeps an `Arc` of the
+/// snapshot it last read and, on each pick, compares it with the router's current one
+/// (one atomic load) and reloads it when they differ. So a pick never routes on an old
+/// table, and reading the current one takes no read-modify-write (an `ArcSwap` load
+/// takes two: arc-swap's debt slot, claimed and paid back).
+///
+/// What the cache keeps alive: on each thread that has picked, the last table it read
+/// (its routes, endpoint states and caches, the node environment) and the router's
+/// table cell, until the thread picks again (from any router), exits, or calls this.
+/// That is at most one superseded table per thread, never a growing number, and it
+/// only costs memory. A thread that stops picking for good (a runtime's worker going
+/// idle, a test's thread after its router is dropped) would keep its table until it
+/// exits; such threads can call this when they go idle (e.g. a runtime's
+/// `on_thread_park` hook), at the price of one full load on their next pick.
+pub fn release_cached_table() {
+    // Nothing to drop when the thread's storage is already gone or a pick is running on
+    // this thread (then its cache stays until the next call).
+    let _ = CACHED_TABLE.try_with(|cell| {
+        if let Ok(mut slot) = cell.try_borrow_mut() {
+            slot.take();
+        }
+    });
+}
+
 /// How long after a measured stall the pool's last member is not evicted for latency.
 pub const STALL_MEMORY: Duration = Duration::from_secs(5);
 
@@ -279,7 +319,7 @@ impl Router {
     /// A router for a proxy on `local_node`, building strategies from `registry`.
     pub fn with_registry(local_node: Option<String>, registry: StrategyRegistry) -> Self {
         Self {
-            table: ArcSwap::from_pointee(Table::default()),
+            table: Arc::new(ArcSwap::from_pointee(Table::default())),
             desired: Mutex::new(Desired::default()),
             registry,
             local_node,
@@ -508,41 +548,92 @@ impl Router {
         rng: &mut dyn RngCore,
         exclude: &[EndpointId],
     ) -> Result<Picked, PickError> {
-        let table = self.table.load();
+        let cached = CACHED_TABLE.try_with(|cell| {
+            // Busy only if a strategy picks from inside a pick; then the plain load below.
+            let mut slot = cell.try_borrow_mut().ok()?;
+            let cache = match &mut *slot {
+                Some(cache) if std::ptr::eq(cache.arc_swap(), &*self.table) => cache,
+                other => other.insert(Cache::new(self.table.clone())),
+            };
+            Some(self.pick_in(cache.load(), service, port, now, rng, exclude))
+        });
+        match cached {
+            Ok(Some(picked)) => picked,
+            // The thread is exiting (its cache is gone) or the cache is in use.
+            _ => self.pick_in(&self.table.load(), service, port, now, rng, exclude),
+        }
+    }
+
+    // Inlined into `pick` so that the `Picked` is built where `pick` returns it, rather
+    // than built here and copied out through the cache's closure.
+    #[inline(always)]
+    fn pick_in(
+        &self,
+        table: &Table,
+        service: &ServiceKey,
+        port: Option<PortRef<'_>>,
+        now: Instant,
+        rng: &mut dyn RngCore,
+        exclude: &[EndpointId],
+    ) -> Result<Picked, PickError> {
         let route = table
             .services
             .get(service)
             .ok_or(PickError::UnknownService)?;
         let port = resolve_port_slot(route, port)?;
-        let mut excluded: Vec<usize> = exclude.iter().filter_map(|id| route.index_of(id)).collect();
+        // The first try of a request excludes nothing: no list to build.
+        let mut excluded: Vec<usize> = if exclude.is_empty() {
+            let choice = self.choose(table, route, now, rng, &[])?;
+            match route.addr(port, choice.index) {
+                Some(addr) => return Ok(self.picked(route, choice, addr, now)),
+                None => vec![choice.index],
+            }
+        } else {
+            exclude.iter().filter_map(|id| route.index_of(id)).collect()
+        };
         // A strategy may pick an endpoint that lacks the requested port; skip it and ask
-        // again, at most once per endpoint.
-        for _ in 0..=route.endpoints.len() {
-            let ctx = PickContext {
-                route: route.route(),
-                now,
-                local_node: self.local_node.as_deref(),
-                nodes: &table.nodes,
-                environment: &table.environment,
-                exclude: &excluded,
-            };
-            let choice = route
-                .strategy
-                .pick(&ctx, rng)
-                .or_else(|| {
-                    route
-                        .strategy
-                        .last_resort_allowed()
-                        .then(|| last_resort(&ctx))
-                        .flatten()
-                })
-                .ok_or(PickError::NoEndpoints)?;
+        // again, at most once per endpoint (a first try above that found no port counts
+        // as one of these tries).
+        let tries = route.endpoints.len() + 1;
+        for _ in usize::from(exclude.is_empty())..tries {
+            let choice = self.choose(table, route, now, rng, &excluded)?;
             match route.addr(port, choice.index) {
                 Some(addr) => return Ok(self.picked(route, choice, addr, now)),
                 None => excluded.push(choice.index),
             }
         }
         Err(PickError::NoEndpoints)
+    }
+
+    /// The strategy's choice (or the last resort) among the endpoints not in `excluded`.
+    #[inline]
+    fn choose(
+        &self,
+        table: &Table,
+        route: &ServiceRoute,
+        now: Instant,
+        rng: &mut dyn RngCore,
+        excluded: &[usize],
+    ) -> Result<Choice, PickError> {
+        let ctx = PickContext {
+            route: route.route(),
+            now,
+            local_node: self.local_node.as_deref(),
+            nodes: &table.nodes,
+            environment: &table.environment,
+            exclude: excluded,
+        };
+        route
+            .strategy
+            .pick(&ctx, rng)
+            .or_else(|| {
+                route
+                    .strategy
+                    .last_resort_allowed()
+                    .then(|| last_resort(&ctx))
+                    .flatten()
+            })
+            .ok_or(PickError::NoEndpoints)
     }
 
     fn picked(
@@ -642,8 +733,8 @@ impl Router {
         let keep_in_pool = || {
             // Never let noise empty a pool that was healthy a moment ago: while the
             // proxy has just measured a stall of its own, the last member stays.
-            let pool = route.pool();
-            let keep = pool.len() == 1 && pool[0] == picked.index && self.stalled_recently(now);
+            let only_member = route.read_pool(|p| p.len() == 1 && p.get(0) == picked.index);
+            let keep = only_member && self.stalled_recently(now);
             if keep {
                 self.kept_for_stall.store(true, Ordering::Relaxed);
             }
@@ -855,6 +946,7 @@ fn resolve_port<'r>(
 
 /// The requested service port as a [`PortSlot`] of the route: the index of the
 /// service port, or `None` for the unnamed one.
+#[inline]
 fn resolve_port_slot(
     route: &ServiceRoute,
     port: Option<PortRef<'_>>,

@@ -422,3 +422,79 @@ fn node_readings_keep_one_derived_value_until_the_route_or_environment_changes()
         table.services[&key()].node_readings(&env, r.local_node(), now + Duration::from_secs(31));
     assert!(readings.derived(|_| "other").is_none());
 }
+
+/// The per-thread table cache of `Router::pick` never routes on a superseded table,
+/// on the thread that published the update or on another one.
+#[test]
+fn a_pick_after_an_update_reads_the_new_table_on_every_thread() {
+    let router = std::sync::Arc::new(router("n1", &[], endpoints(&["n1"]), vec![]));
+    let (ask, asked) = std::sync::mpsc::channel::<()>();
+    let (answer, answers) = std::sync::mpsc::channel::<EndpointId>();
+    let picker = {
+        let router = router.clone();
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(3);
+            for () in asked {
+                let picked = router
+                    .pick(&key(), None, Instant::now(), &mut rng, &[])
+                    .unwrap();
+                answer.send(picked.endpoint().id.clone()).unwrap();
+            }
+        })
+    };
+    let mut rng = SmallRng::seed_from_u64(4);
+    let mut pick_here = || {
+        router
+            .pick(&key(), None, Instant::now(), &mut rng, &[])
+            .unwrap()
+            .endpoint()
+            .id
+            .clone()
+    };
+    ask.send(()).unwrap();
+    assert_eq!(answers.recv().unwrap(), "pod-0");
+    assert_eq!(pick_here(), "pod-0");
+    // Both threads now cache the first table; replace its only endpoint.
+    set_endpoints(&router, vec![pod(1, "n1")]);
+    assert_eq!(pick_here(), "pod-1");
+    ask.send(()).unwrap();
+    assert_eq!(answers.recv().unwrap(), "pod-1");
+    drop(ask);
+    picker.join().unwrap();
+}
+
+/// What the cache keeps alive: a superseded table only until the thread's next pick
+/// (or `release_cached_table`), and each router's picks read that router's table.
+#[test]
+fn the_thread_cache_keeps_no_superseded_table_past_the_next_pick() {
+    let a = router("n1", &[], endpoints(&["n1"]), vec![]);
+    let b = router("n1", &[], vec![pod(7, "n1")], vec![]);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut pick = |r: &Router| {
+        r.pick(&key(), None, Instant::now(), &mut rng, &[])
+            .unwrap()
+            .endpoint()
+            .id
+            .clone()
+    };
+    assert_eq!(pick(&a), "pod-0");
+    let first = std::sync::Arc::downgrade(&a.table());
+    set_endpoints(&a, vec![pod(1, "n1")]);
+    assert!(first.upgrade().is_some(), "this thread's cache holds it");
+    // Another router's pick on this thread replaces the cache, and reads its own table.
+    assert_eq!(pick(&b), "pod-7");
+    assert!(first.upgrade().is_none(), "released by the next pick");
+    assert_eq!(pick(&a), "pod-1");
+    // The same on a new update of the same router.
+    let second = std::sync::Arc::downgrade(&a.table());
+    set_endpoints(&a, vec![pod(2, "n1")]);
+    assert_eq!(pick(&a), "pod-2");
+    assert!(second.upgrade().is_none());
+    // And without another pick, when the thread lets its cache go.
+    let third = std::sync::Arc::downgrade(&a.table());
+    set_endpoints(&a, vec![pod(3, "n1")]);
+    assert!(third.upgrade().is_some());
+    proxima_core::release_cached_table();
+    assert!(third.upgrade().is_none());
+    assert_eq!(pick(&a), "pod-3");
+}

@@ -90,6 +90,7 @@ pub struct PickContext<'a> {
 impl<'a> PickContext<'a> {
     /// Whether `index` may take this request: eligible by its conditions (see
     /// [`Route::eligible`]), not already tried, not cooling down.
+    #[inline]
     pub fn usable(&self, index: usize) -> bool {
         !self.exclude.contains(&index) && !self.route.state(index).cooling_down(self.now)
     }
@@ -235,12 +236,25 @@ pub(crate) fn two_choices(
     rng: &mut dyn RngCore,
     better: impl Fn(usize, usize) -> usize,
 ) -> Option<usize> {
-    if members.len() < 2 {
+    two_choices_among(ctx, members.len(), |p| members[p], rng, better)
+}
+
+/// [`two_choices`] over `count` members read by position with `member` (for lists that
+/// are not slices, such as the QoS pool read in place).
+#[inline]
+pub(crate) fn two_choices_among(
+    ctx: &PickContext<'_>,
+    count: usize,
+    member: impl Fn(usize) -> usize,
+    rng: &mut dyn RngCore,
+    better: impl Fn(usize, usize) -> usize,
+) -> Option<usize> {
+    if count < 2 {
         return None;
     }
     for _ in 0..TWO_CHOICE_DRAWS {
-        let (a, b) = two_distinct(members.len(), rng);
-        let (a, b) = (members[a], members[b]);
+        let (a, b) = two_distinct(count, rng);
+        let (a, b) = (member(a), member(b));
         match (ctx.usable(a), ctx.usable(b)) {
             (true, true) => return Some(better(a, b)),
             (true, false) => return Some(a),

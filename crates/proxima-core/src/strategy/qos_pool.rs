@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use rand::{Rng, RngCore};
 
-use super::{two_choices, Choice, PickContext, Reason, Strategy};
+use super::{two_choices_among, Choice, PickContext, Reason, Strategy};
 
 /// QEdgeProxy's QoS pool with even two-choice spreading (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,16 +77,19 @@ impl Strategy for QosPool {
     }
 
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
-        let pool = ctx.route.pool();
-        let chosen = match pool.len() {
+        // Read in place; the closure may run again if the pool changes meanwhile (it
+        // only reads and draws), and the winner is charged once, below.
+        let chosen = ctx.route.read_pool(|pool| match pool.len() {
             0 => None,
-            1 => ctx.usable(pool[0]).then_some(pool[0]),
-            _ => two_choices(ctx, &pool, rng, |a, b| prefer(ctx, a, b)).or_else(|| {
-                // Most of the pool is excluded or cooling down: choose among the rest.
-                let usable: Vec<usize> = pool.iter().copied().filter(|&i| ctx.usable(i)).collect();
-                (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
-            }),
-        };
+            1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
+            n => two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b)).or_else(
+                || {
+                    // Most of the pool is excluded or cooling down: choose among the rest.
+                    let usable: Vec<usize> = pool.iter().filter(|&i| ctx.usable(i)).collect();
+                    (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
+                },
+            ),
+        });
         match chosen {
             Some(index) => {
                 let state = ctx.route.state(index);
