@@ -4,8 +4,9 @@
 //! `BackendSelection` does), and a pick only loads it, looks the service up and asks its
 //! strategy. A pick reads the snapshot through a per-thread cache (see
 //! [`release_cached_table`]): one atomic load to check that it is still the current one,
-//! instead of arc-swap's two read-modify-writes per load. The node environment (latencies, usage) is part of the snapshot, so one load
-//! gives a pick everything it reads. Writers (discovery updates, pool-membership changes, environment updates)
+//! instead of arc-swap's two read-modify-writes per load. The node environment
+//! (latencies, usage) is part of the snapshot, so one load gives a pick everything it
+//! reads. Writers (discovery updates, pool-membership changes, environment updates)
 //! are serialised by one mutex. A discovery update publishes a new snapshot; the
 //! snapshot's services, endpoints and node groups never change after that. What does
 //! change in place, and why that is safe, is listed in [`crate::route`]: each service's
@@ -564,8 +565,8 @@ impl Router {
         }
     }
 
-    // Inlined into `pick` so that the `Picked` is built where `pick` returns it, rather
-    // than built here and copied out through the cache's closure.
+    // Inlined into both of `pick`'s paths (cached table, plain load), so that the hot one
+    // makes no call for it.
     #[inline(always)]
     fn pick_in(
         &self,
