@@ -173,8 +173,6 @@ pub(crate) struct Stats {
     pub(crate) readmitted_at: Option<Instant>,
     /// Since when it has been warming (judged on the initial estimate).
     pub(crate) warming_since: Option<Instant>,
-    /// Reused by every prediction on the measurement path (no allocation per request).
-    scratch: Vec<u64>,
 }
 
 /// Mutable state of one endpoint (see the module docs).
@@ -270,7 +268,6 @@ impl EndpointState {
                 flaps: 0,
                 readmitted_at: None,
                 warming_since: None,
-                scratch: Vec::with_capacity(settings.qos_pool.window),
             }),
             attempts: AtomicU64::new(0),
             admitted: AtomicBool::new(true),
@@ -585,15 +582,12 @@ impl EndpointState {
         obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let q = &settings.qos_pool;
-        let mut scratch = std::mem::take(&mut stats.scratch);
-        let prediction = stats.estimator.predict_with(
+        let prediction = stats.estimator.predict(
             now,
             q.max_age,
             settings.latency_slo,
             settings.slo_percentile,
-            &mut scratch,
         );
-        stats.scratch = scratch;
         let score = prediction
             .quantile
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));

@@ -30,11 +30,19 @@
 //! two binary searches and one array read; only a window holding stale samples is
 //! filtered and ranked sample by sample. Both ways give the same numbers.
 //!
-//! Memory: a thousand endpoints keep a thousand windows, so a sample is 16 bytes (its
-//! time as signed nanoseconds from the estimator's first sample, and its value), its
-//! position in the sequence of samples is implied by its place in the window, and the
-//! window's storage grows with the samples instead of being reserved up front.
+//! Memory: a thousand endpoints keep a thousand windows, so a sample is 8 bytes and its
+//! sorted copy 4: its time in milliseconds after the estimator's `base`, and its value
+//! in microseconds up to [`MAX_MICROS`] (71 minutes; longer responses and SLOs count as
+//! that long, far beyond any request timeout). Millisecond stamps make an age exact to
+//! within a millisecond, which is nothing against age limits of seconds. When a stamp
+//! would pass `u32::MAX` (49 days after `base`), the base moves forward and every stamp
+//! with it; a sample more than 24 days older than the newest then counts as 24 days
+//! old. A sample's position in the sequence of samples is implied by its place in the
+//! window, the window's storage grows with the samples instead of being reserved up
+//! front, and the buffer for ranking a window with stale samples is one per thread,
+//! not one per endpoint.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -42,15 +50,33 @@ use std::time::{Duration, Instant};
 const EWMA_ALPHA: f64 = 0.3;
 
 /// Marker value of a failed request: larger than any SLO.
-const MISS_US: u64 = u64::MAX;
+const MISS_US: u32 = u32::MAX;
 
-/// A time as signed nanoseconds from the estimator's `base` (exact for ±292 years).
+/// The longest response time (and SLO) told apart, in microseconds: 71 minutes.
+pub(crate) const MAX_MICROS: u32 = MISS_US - 1;
+
+/// Where a stamp lands after the base moves forward (see the module docs): half the
+/// range, so that the newer half of the range is free again.
+const REBASED_STAMP: u32 = u32::MAX / 2;
+
+/// `d` in microseconds, saturating at [`MAX_MICROS`].
+fn micros_of(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).map_or(MAX_MICROS, |us| us.min(MAX_MICROS))
+}
+
+thread_local! {
+    /// Fresh values of a window that also holds stale ones, ranked (see `predict`).
+    static SCRATCH: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A time as milliseconds after the estimator's `base` (see the module docs); computed
+/// wide, stored as `u32`.
 type Stamp = i64;
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
-    at: Stamp,
-    micros: u64,
+    at: u32,
+    micros: u32,
 }
 
 /// Sliding-window latency estimator for one endpoint. See the module docs.
@@ -60,8 +86,9 @@ pub struct LatencyEstimator {
     /// Oldest first, their stamps ascending (see the module docs).
     samples: VecDeque<Sample>,
     /// The values of `samples`, ascending.
-    sorted: Vec<u64>,
-    /// The origin of the samples' [`Stamp`]s: the time of the first sample.
+    sorted: Vec<u32>,
+    /// The origin of the samples' [`Stamp`]s: the time of the first sample pushed into
+    /// an empty window, moved forward when stamps would overflow.
     base: Option<Instant>,
     ewma_us: Option<f64>,
     total: u64,
@@ -120,9 +147,7 @@ impl LatencyEstimator {
 
     /// Record a response-time measurement taken at `now`.
     pub fn record(&mut self, now: Instant, latency: Duration) {
-        let micros = u64::try_from(latency.as_micros())
-            .unwrap_or(MISS_US - 1)
-            .min(MISS_US - 1);
+        let micros = micros_of(latency);
         self.push(now, micros);
         let x = micros as f64;
         self.ewma_us = Some(match self.ewma_us {
@@ -139,30 +164,51 @@ impl LatencyEstimator {
     /// `at` as a [`Stamp`] (0 while there is no sample yet).
     fn stamp(&self, at: Instant) -> Stamp {
         let Some(base) = self.base else { return 0 };
-        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         match at.checked_duration_since(base) {
-            Some(after) => nanos(after),
-            None => -nanos(base.duration_since(at)),
+            Some(after) => millis(after),
+            None => -millis(base.duration_since(at)),
         }
     }
 
     /// Whether a sample taken at `at` is at most `max_age` old at `now` (a stamp).
-    fn is_fresh(at: Stamp, now: Stamp, max_age: Duration) -> bool {
-        let age = u128::try_from(i128::from(now) - i128::from(at)).unwrap_or(0);
-        age <= max_age.as_nanos()
+    fn is_fresh(at: u32, now: Stamp, max_age: Duration) -> bool {
+        let age_ms = u128::try_from(i128::from(now) - i128::from(at)).unwrap_or(0);
+        age_ms * 1_000_000 <= max_age.as_nanos()
     }
 
-    fn push(&mut self, at: Instant, micros: u64) {
+    fn push(&mut self, at: Instant, micros: u32) {
         if self.samples.len() == self.window {
             self.pop_oldest();
         }
-        self.base.get_or_insert(at);
-        let newest = self.samples.back().map_or(Stamp::MIN, |s| s.at);
-        let at = self.stamp(at).max(newest);
+        if self.samples.is_empty() {
+            self.base = Some(at);
+        }
+        let newest = self.samples.back().map_or(0, |s| s.at);
+        let mut stamp = self.stamp(at).max(Stamp::from(newest));
+        if stamp > Stamp::from(u32::MAX) {
+            stamp = self.rebase(stamp);
+        }
+        let at = u32::try_from(stamp).unwrap_or(u32::MAX);
         self.samples.push_back(Sample { at, micros });
         let position = self.sorted.partition_point(|&v| v < micros);
         self.sorted.insert(position, micros);
         self.total += 1;
+    }
+
+    /// Move `base` forward so that `stamp` becomes [`REBASED_STAMP`], and every sample's
+    /// stamp with it (at least 0); returns the new stamp.
+    #[cold]
+    fn rebase(&mut self, stamp: Stamp) -> Stamp {
+        let shift = stamp - Stamp::from(REBASED_STAMP);
+        if let Some(base) = &mut self.base {
+            *base += Duration::from_millis(shift.unsigned_abs());
+        }
+        for sample in &mut self.samples {
+            let moved = (Stamp::from(sample.at) - shift).max(0);
+            sample.at = u32::try_from(moved).unwrap_or(0);
+        }
+        Stamp::from(REBASED_STAMP)
     }
 
     /// Drop the sample pushed first.
@@ -186,10 +232,10 @@ impl LatencyEstimator {
     /// probes that show its recovery, while its good history stays as evidence, so one
     /// ordinary outlier right after its return does not evict it again).
     pub fn forget_misses_before(&mut self, before: Instant, slo: Duration) {
-        let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        let slo_us = micros_of(slo);
         let before = self.stamp(before);
         self.samples
-            .retain(|s| s.at >= before || s.micros <= slo_us);
+            .retain(|s| Stamp::from(s.at) >= before || s.micros <= slo_us);
         // Rare (a re-admission): rebuild the sorted values. The samples kept are still
         // in time order.
         self.sorted.clear();
@@ -220,6 +266,9 @@ impl LatencyEstimator {
     }
 
     /// The prediction for `slo` at `percentile` from samples no older than `max_age`.
+    ///
+    /// A window holding stale samples is ranked in a buffer kept per thread, so that
+    /// the measurement path does not allocate once that buffer has grown to the window.
     pub fn predict(
         &self,
         now: Instant,
@@ -227,20 +276,23 @@ impl LatencyEstimator {
         slo: Duration,
         percentile: f64,
     ) -> Prediction {
-        self.predict_with(now, max_age, slo, percentile, &mut Vec::new())
+        let ranked = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.predict_with(now, max_age, slo, percentile, &mut scratch),
+            Err(_) => self.predict_with(now, max_age, slo, percentile, &mut Vec::new()),
+        });
+        // The thread is exiting (its buffer is gone): a buffer of our own.
+        ranked.unwrap_or_else(|_| self.predict_with(now, max_age, slo, percentile, &mut Vec::new()))
     }
 
-    /// [`predict`](Self::predict) with a caller-owned scratch buffer, so that the
-    /// measurement path does not allocate once the buffer has grown to the window.
-    pub fn predict_with(
+    fn predict_with(
         &self,
         now: Instant,
         max_age: Duration,
         slo: Duration,
         percentile: f64,
-        scratch: &mut Vec<u64>,
+        scratch: &mut Vec<u32>,
     ) -> Prediction {
-        let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        let slo_us = micros_of(slo);
         let (samples, within_slo, quantile) = if self.all_fresh(now, max_age) {
             let sorted = &self.sorted;
             let quantile = rank_index(sorted.len(), percentile).map(|i| sorted[i]);
@@ -259,7 +311,7 @@ impl LatencyEstimator {
             if us == MISS_US {
                 Duration::MAX
             } else {
-                Duration::from_micros(us)
+                Duration::from_micros(u64::from(us))
             }
         });
         Prediction {
@@ -273,7 +325,7 @@ impl LatencyEstimator {
     /// Fresh samples, and how many of them meet `slo` (no allocation: used on the
     /// measurement path).
     pub fn count_within(&self, now: Instant, max_age: Duration, slo: Duration) -> (usize, usize) {
-        let slo_us = slo.as_micros().min(u128::from(MISS_US - 1)) as u64;
+        let slo_us = micros_of(slo);
         if self.all_fresh(now, max_age) {
             return (
                 self.sorted.len(),
@@ -298,12 +350,12 @@ impl LatencyEstimator {
         self.samples
             .iter()
             .skip(skip)
-            .map(|s| (s.micros != MISS_US).then(|| Duration::from_micros(s.micros)))
+            .map(|s| (s.micros != MISS_US).then(|| Duration::from_micros(u64::from(s.micros))))
     }
 }
 
 /// Nearest-rank percentile: the smallest value with at least `p%` of values ≤ it.
-fn nearest_rank(values: &mut [u64], percentile: f64) -> Option<u64> {
+fn nearest_rank(values: &mut [u32], percentile: f64) -> Option<u32> {
     let index = rank_index(values.len(), percentile)?;
     let (_, v, _) = values.select_nth_unstable(index);
     Some(*v)
@@ -415,6 +467,53 @@ mod tests {
     }
 
     #[test]
+    fn stamps_stay_exact_across_a_move_of_the_base() {
+        let day = Duration::from_secs(86_400);
+        let t0 = Instant::now();
+        let mut e = LatencyEstimator::new(8);
+        e.record(t0, ms(1));
+        e.record(t0 + 30 * day, ms(2));
+        e.record(t0 + 30 * day + ms(900), ms(3));
+        // 50 days after the first sample: past the 49 days a stamp can hold.
+        let late = t0 + 50 * day;
+        e.record(late, ms(4));
+        e.record(late + ms(5), ms(5));
+        // The last two are 1 s apart from each other's ages as before the move...
+        assert_eq!(e.count_within(late + ms(1000), ms(1000), ms(10)), (2, 2));
+        assert_eq!(e.count_within(late + ms(1006), ms(1000), ms(10)), (0, 0));
+        // ...and the 30-day-old ones keep their 20-day age and the gap between them.
+        let from_day_30 = (20 * day).saturating_sub(ms(900));
+        assert_eq!(e.count_within(late, from_day_30, ms(10)), (3, 3));
+        assert_eq!(e.count_within(late, from_day_30 - ms(1), ms(10)), (2, 2));
+        // The first, older than the 24 days kept apart, counts as 24.8 days old.
+        assert_eq!(e.count_within(late, 25 * day, ms(10)), (5, 5));
+        // A second move keeps the order and the values.
+        e.record(late + 40 * day, ms(6));
+        assert_eq!(e.count_within(late + 40 * day, ms(0), ms(10)), (1, 1));
+        let values: Vec<_> = e.newest(8).collect();
+        assert_eq!(values, (1..=6).map(|v| Some(ms(v))).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn responses_and_slos_beyond_the_range_saturate() {
+        let t0 = Instant::now();
+        let mut e = LatencyEstimator::new(4);
+        e.record(t0, Duration::from_secs(5 * 3600));
+        let p = e.predict(t0, ms(1000), Duration::from_secs(3600), 50.0);
+        assert_eq!(p.within_slo, 0);
+        assert_eq!(
+            p.quantile,
+            Some(Duration::from_micros(u64::from(MAX_MICROS)))
+        );
+        e.record_failure(t0);
+        let p = e.predict(t0, ms(1000), Duration::MAX, 100.0);
+        assert_eq!(
+            (p.samples, p.within_slo, p.quantile),
+            (2, 1, Some(Duration::MAX))
+        );
+    }
+
+    #[test]
     fn reading_does_not_change_state() {
         let t0 = Instant::now();
         let mut e = LatencyEstimator::new(4);
@@ -426,31 +525,31 @@ mod tests {
 
     /// The prediction written out: filter the fresh samples, sort, rank.
     fn brute_force(
-        samples: &[(Instant, u64)],
+        samples: &[(Instant, u32)],
         now: Instant,
         max_age: Duration,
         slo: Duration,
         percentile: f64,
     ) -> (usize, usize, Option<Duration>) {
-        let mut fresh: Vec<u64> = samples
+        let mut fresh: Vec<u32> = samples
             .iter()
             .filter(|(at, _)| now.saturating_duration_since(*at) <= max_age)
             .map(|&(_, v)| v)
             .collect();
         fresh.sort_unstable();
-        let slo_us = slo.as_micros() as u64;
+        let slo_us = micros_of(slo);
         let within = fresh.iter().filter(|&&v| v <= slo_us).count();
         let quantile = rank_index(fresh.len(), percentile).map(|i| match fresh[i] {
             MISS_US => Duration::MAX,
-            us => Duration::from_micros(us),
+            us => Duration::from_micros(u64::from(us)),
         });
         (fresh.len(), within, quantile)
     }
 
     #[test]
-    fn a_sample_takes_sixteen_bytes_and_nothing_is_reserved_before_the_first() {
+    fn a_sample_takes_eight_bytes_and_nothing_is_reserved_before_the_first() {
         // A thousand endpoints keep a thousand windows (see the module docs).
-        assert_eq!(std::mem::size_of::<Sample>(), 16);
+        assert_eq!(std::mem::size_of::<Sample>(), 8);
         let e = LatencyEstimator::new(64);
         assert_eq!(e.samples.capacity() + e.sorted.capacity(), 0);
     }
@@ -466,7 +565,7 @@ mod tests {
             let mut e = LatencyEstimator::new(window);
             // What the window should hold: (at, micros), oldest first, each stamped no
             // earlier than the newest before it (see the module docs).
-            let mut model: Vec<(Instant, u64)> = Vec::new();
+            let mut model: Vec<(Instant, u32)> = Vec::new();
             let mut clock = t0 + Duration::from_secs(1);
             for _ in 0..rng.gen_range(1..200) {
                 // Mostly forward, sometimes a little back (concurrent recorders).
@@ -488,13 +587,13 @@ mod tests {
                     2 => {
                         let slo = ms(rng.gen_range(1..100));
                         e.forget_misses_before(at, slo);
-                        let slo_us = slo.as_micros() as u64;
+                        let slo_us = micros_of(slo);
                         model.retain(|&(t, v)| t >= at || v <= slo_us);
                         continue;
                     }
                     _ => {
-                        let micros = rng.gen_range(0..100_000);
-                        e.record(at, Duration::from_micros(micros));
+                        let micros = rng.gen_range(0..100_000u32);
+                        e.record(at, Duration::from_micros(u64::from(micros)));
                         model.push((stamped, micros));
                     }
                 }
