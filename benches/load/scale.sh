@@ -54,6 +54,14 @@ if [[ -z $BIN ]]; then
         { cat "$WORK/build.log" >&2; die "build failed"; }
 fi
 
+# Run a fresh copy of the binary. How much of its code is resident depends on how its
+# file's pages entered the page cache: after something read the whole file (nm, a cp
+# from it, a checksum), the kernel holds it in large folios and maps a whole folio on a
+# fault, so the same build shows ~1.5 MB more code resident than when it was just
+# written, as a container image's files are, or read cold from disk.
+cp "$BIN" "$WORK/proxima"
+RUN_BIN=$WORK/proxima
+
 # Pod i (0-based) of the whole cluster listens on 127.0.(1 + i/250).(1 + i%250).
 pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
 TOTAL=$((SERVICES * PODS))
@@ -94,11 +102,11 @@ mkdir -p "$RESULTS_DIR"
     echo
     echo "proxima ${PROXIMA_BIN:-$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')}${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
-    echo "| workers | req/s | RSS after load (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| workers | req/s | RSS after load (MB) | of it anonymous (MB) | of it file (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >"$RESULT"
 for workers in $WORKERS; do
-    TOKIO_WORKER_THREADS=$workers "$BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
+    TOKIO_WORKER_THREADS=$workers "$RUN_BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
         --discovery "file:$WORK/discovery.yaml" --log-level warn ${PROXIMA_ARGS:-} >"$WORK/proxima-$workers.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
@@ -111,11 +119,14 @@ for workers in $WORKERS; do
     rps=$(awk '/Requests\/sec/ { print $2 }' "$WORK/wrk-$workers.txt")
     rss=$(kib "$pid" VmRSS)
     hwm=$(kib "$pid" VmHWM)
+    anon=$(kib "$pid" RssAnon)
+    file=$(kib "$pid" RssFile)
     curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics-$workers.txt"
     bytes=$(wc -c <"$WORK/metrics-$workers.txt")
     series=$(grep -vc '^#' "$WORK/metrics-$workers.txt")
     idle=$(awk '$1 == "proxima_upstream_idle_connections" { print $2 }' "$WORK/metrics-$workers.txt")
-    printf '| %s | %.0f | %.1f | %.1f | %d | %d | %s |\n' "$workers" "$rps" "$(echo "$rss / 1024" | bc -l)" \
+    printf '| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %d | %d | %s |\n' "$workers" "$rps" "$(echo "$rss / 1024" | bc -l)" \
+        "$(echo "$anon / 1024" | bc -l)" "$(echo "$file / 1024" | bc -l)" \
         "$(echo "$hwm / 1024" | bc -l)" $((bytes / 1024)) "$series" "${idle:-?}" >>"$RESULT"
     log "workers=$workers: $rps req/s, RSS $((rss / 1024)) MB (peak $((hwm / 1024)) MB), /metrics $((bytes / 1024)) KB"
     kill "$pid"
