@@ -207,10 +207,14 @@ async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
     }
     let served: u64 = pods.iter().map(|p| p.client_hits()).sum::<u64>() - served_before;
     assert_eq!(served, 5 * PODS as u64);
-    assert_eq!(
-        opened(&pods),
-        before,
-        "parked connections were taken again instead of new ones"
+    // Without reuse these 20 requests would open 20 connections. A connection being
+    // parked is out of the idle lists until its task has handed the socket back, and a
+    // buffered one is not ready until its task has seen the previous response end; on a
+    // loaded machine a request can come for that pod in between and open a new one.
+    let new = opened(&pods) - before;
+    assert!(
+        new <= 2,
+        "parked connections were taken again instead of new ones: {new} opened for 20 requests"
     );
     assert!(proxy.metric("proxima_upstream_idle_parked_connections") >= (PODS - 1) as f64);
 
