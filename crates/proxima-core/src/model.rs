@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
@@ -14,7 +15,9 @@ use serde::Serialize;
 use crate::settings::ServiceSettings;
 
 /// `namespace/name` of a Service.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+// `PartialEq` by hand (the same equality as derived): every pick compares the key it
+// looks up with the table's; see `same_bytes`. `Hash` by hand with it, as derived.
+#[derive(Clone, Debug, Eq, PartialOrd, Ord, Serialize)]
 pub struct ServiceKey {
     /// The Service's namespace.
     pub namespace: String,
@@ -34,6 +37,49 @@ impl ServiceKey {
             namespace: namespace.into(),
             name: name.into(),
         }
+    }
+}
+
+impl Hash for ServiceKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace.hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl PartialEq for ServiceKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        same_bytes(self.name.as_bytes(), other.name.as_bytes())
+            && same_bytes(self.namespace.as_bytes(), other.namespace.as_bytes())
+    }
+}
+
+/// `a == b`, without a call into libc's `memcmp` for up to 16 bytes (most Service names
+/// and namespaces): two loads of each side that together cover every byte (they may
+/// overlap). Longer ones compare as slices.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    fn word(s: &[u8], at: usize) -> u64 {
+        let mut w = [0; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    }
+    fn half(s: &[u8], at: usize) -> u32 {
+        let mut w = [0; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u32::from_ne_bytes(w)
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
     }
 }
 
@@ -277,7 +323,32 @@ pub enum Update {
 
 #[cfg(test)]
 mod tests {
-    use super::is_dns_label;
+    use super::{is_dns_label, same_bytes, ServiceKey};
+
+    /// `same_bytes` is slice equality: for every length up to past its word-sized
+    /// cases, equal copies and a difference at each position in turn; and different
+    /// lengths.
+    #[test]
+    fn same_bytes_is_slice_equality() {
+        for n in 0..=40usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "length {n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] = b'-';
+                assert!(!same_bytes(&a, &b), "length {n}, difference at {at}");
+                assert!(!same_bytes(&b, &a), "length {n}, difference at {at}");
+            }
+            assert!(!same_bytes(&a, &a[..n.saturating_sub(1)]) || n == 0);
+            assert!(!same_bytes(&a, &[a.as_slice(), b"x"].concat()));
+        }
+        let key = |ns: &str, name: &str| ServiceKey::new(ns, name);
+        assert_eq!(key("default", "shop"), key("default", "shop"));
+        assert_ne!(key("default", "shop"), key("default", "shoq"));
+        assert_ne!(key("default", "shop"), key("defaulu", "shop"));
+        // The two parts are compared apart, never as one string.
+        assert_ne!(key("ab", "c"), key("a", "bc"));
+    }
 
     #[test]
     fn dns_labels() {

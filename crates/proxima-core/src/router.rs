@@ -154,12 +154,15 @@ pub enum PickError {
 /// dropped; report how the attempt went with [`Router::record`].
 ///
 /// The fields are for reading: the count is released on the endpoint the pick chose, in
-/// `route`, which already holds its state (so no second reference to the state is taken
-/// per pick).
+/// the route it holds, which already holds its state (so no second reference to the
+/// state is taken per pick). Its reference to the route is handed back to the dropping
+/// thread's pick cache for that thread's next pick of the same route (see
+/// [`release_cached_table`]), so a pick and its drop need not touch the route's
+/// reference count.
 #[derive(Debug)]
 pub struct Picked {
-    /// The service's route at the time of the pick.
-    pub route: Arc<ServiceRoute>,
+    /// The service's route at the time of the pick; `None` only inside `drop`.
+    route: Option<Arc<ServiceRoute>>,
     /// Index of the endpoint in [`Route::endpoints`].
     pub index: usize,
     /// Address to connect to: the endpoint's IP and the port that was asked for.
@@ -176,13 +179,31 @@ pub struct Picked {
 
 impl Drop for Picked {
     fn drop(&mut self) {
-        if self.holds < self.route.endpoints.len() {
-            self.route.state(self.holds).end_attempt();
+        let Some(route) = self.route.take() else {
+            return;
+        };
+        if self.holds < route.endpoints.len() {
+            route.state(self.holds).end_attempt();
         }
+        // What the stash gives back (a reference it displaced, or this one when the
+        // thread's cache is busy or gone) is dropped here, after the cache's borrow.
+        let _displaced = CACHED_TABLE.try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut cache) => cache.routes.put(route),
+            Err(_) => Some(route),
+        });
     }
 }
 
 impl Picked {
+    /// The service's route at the time of the pick: its spec, settings, endpoints and
+    /// retry budget.
+    pub fn route(&self) -> &Arc<ServiceRoute> {
+        // Only `drop` takes it.
+        self.route
+            .as_ref()
+            .expect("a Picked holds its route until dropped")
+    }
+
     /// Whether an overdue miss has been stored for this attempt.
     pub fn overdue(&self) -> bool {
         self.overdue.load(Ordering::Relaxed)
@@ -190,12 +211,12 @@ impl Picked {
 
     /// The endpoint as discovery described it.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.route.endpoints[self.index].endpoint
+        &self.route().endpoints[self.index].endpoint
     }
 
     /// The endpoint's measurements and pool state.
     pub fn state(&self) -> &Arc<EndpointState> {
-        &self.route.endpoints[self.index].state
+        &self.route().endpoints[self.index].state
     }
 }
 
@@ -277,34 +298,104 @@ pub struct Router {
 /// The table a thread's last pick read, with the router's table cell it came from.
 type TableCache = Cache<Arc<ArcSwap<Table>>, Arc<Table>>;
 
-thread_local! {
-    /// This thread's [`TableCache`] (see [`release_cached_table`]).
-    static CACHED_TABLE: RefCell<Option<TableCache>> = const { RefCell::new(None) };
+/// What a thread keeps between picks (see [`release_cached_table`]).
+struct ThreadPickCache {
+    /// The table its last pick read.
+    table: Option<TableCache>,
+    /// Route references that dropped [`Picked`]s handed back.
+    routes: RouteStash,
 }
 
-/// Drop this thread's cached routing table.
+/// How many route references a thread keeps for reuse: enough for the services a
+/// worker is busy with at once, few enough that a superseded route leaves soon.
+const STASHED_ROUTES: usize = 4;
+
+/// Route references kept by a thread for its next picks, so that a pick and the drop of
+/// its [`Picked`] take no atomic read-modify-write on the route's shared reference
+/// count. A pick only takes a reference to the very route it chose from the current
+/// table (compared by address), so what the stash holds never decides anything; it
+/// only keeps routes alive (at most [`STASHED_ROUTES`] per thread).
+struct RouteStash {
+    slots: [Option<Arc<ServiceRoute>>; STASHED_ROUTES],
+    /// The slot `put` replaces next when all are full (round robin, so that a
+    /// superseded route is displaced after at most `STASHED_ROUTES` drops).
+    next: usize,
+}
+
+impl RouteStash {
+    const EMPTY: Self = Self {
+        slots: [None, None, None, None],
+        next: 0,
+    };
+
+    /// A kept reference to `route`, if there is one.
+    #[inline]
+    fn take(&mut self, route: &Arc<ServiceRoute>) -> Option<Arc<ServiceRoute>> {
+        self.slots
+            .iter_mut()
+            .find(|slot| slot.as_ref().is_some_and(|kept| Arc::ptr_eq(kept, route)))?
+            .take()
+    }
+
+    /// Keep `route`; returns the reference it displaced, for the caller to drop once
+    /// the thread's cache is no longer borrowed (dropping a route's last reference runs
+    /// destructors, its strategy's among them, that should find the cache free).
+    #[inline]
+    fn put(&mut self, route: Arc<ServiceRoute>) -> Option<Arc<ServiceRoute>> {
+        if let Some(free) = self.slots.iter_mut().find(|slot| slot.is_none()) {
+            *free = Some(route);
+            return None;
+        }
+        let at = self.next;
+        self.next = (at + 1) % STASHED_ROUTES;
+        self.slots[at].replace(route)
+    }
+}
+
+thread_local! {
+    /// This thread's [`ThreadPickCache`] (see [`release_cached_table`]).
+    static CACHED_TABLE: RefCell<ThreadPickCache> = const {
+        RefCell::new(ThreadPickCache {
+            table: None,
+            routes: RouteStash::EMPTY,
+        })
+    };
+}
+
+/// Drop this thread's cached routing table and the route references it keeps.
 ///
 /// [`Router::pick`] reads the table through a per-thread cache: it keeps an `Arc` of the
 /// snapshot it last read and, on each pick, compares it with the router's current one
 /// (one atomic load) and reloads it when they differ. So a pick never routes on an old
 /// table, and reading the current one takes no read-modify-write (an `ArcSwap` load
-/// takes two: arc-swap's debt slot, claimed and paid back).
+/// takes two: arc-swap's debt slot, claimed and paid back). The same cache keeps up to
+/// four route references that dropped [`Picked`]s handed back; a pick that chooses one
+/// of those very routes (the same `Arc`, found in the current table) takes that
+/// reference instead of incrementing the route's shared reference count, and the drop
+/// of its `Picked` hands it back instead of decrementing it.
 ///
 /// What the cache keeps alive: on each thread that has picked, the last table it read
 /// (its routes, endpoint states and caches, the node environment) and the router's
-/// table cell, until the thread picks again (from any router), exits, or calls this.
-/// That is at most one superseded table per thread, never a growing number, and it
-/// only costs memory. A thread that stops picking for good (a runtime's worker going
-/// idle, a test's thread after its router is dropped) would keep its table until it
+/// table cell, until the thread picks again (from any router), exits, or calls this;
+/// and the routes of up to four references, until later drops on the thread displace
+/// them (round robin), a pick takes them, the thread exits, or it calls this. That is
+/// at most one superseded table and four routes per thread, never a growing number,
+/// and it only costs memory. A thread that stops picking for good (a runtime's worker
+/// going idle, a test's thread after its router is dropped) would keep them until it
 /// exits; such threads can call this when they go idle (e.g. a runtime's
-/// `on_thread_park` hook), at the price of one full load on their next pick.
+/// `on_thread_park` hook), at the price of one full load and one reference count on
+/// their next pick.
 pub fn release_cached_table() {
     // Nothing to drop when the thread's storage is already gone or a pick is running on
-    // this thread (then its cache stays until the next call).
-    let _ = CACHED_TABLE.try_with(|cell| {
-        if let Ok(mut slot) = cell.try_borrow_mut() {
-            slot.take();
-        }
+    // this thread (then its cache stays until the next call). What is released is
+    // dropped after the borrow (see `RouteStash::put`).
+    let _released = CACHED_TABLE.try_with(|cell| {
+        cell.try_borrow_mut().ok().map(|mut cache| {
+            (
+                cache.table.take(),
+                std::mem::replace(&mut cache.routes, RouteStash::EMPTY),
+            )
+        })
     });
 }
 
@@ -552,25 +643,28 @@ impl Router {
         let cached = CACHED_TABLE.try_with(|cell| {
             // Busy only if a strategy picks from inside a pick; then the plain load below.
             let mut slot = cell.try_borrow_mut().ok()?;
-            let cache = match &mut *slot {
+            let ThreadPickCache { table, routes } = &mut *slot;
+            let cache = match table {
                 Some(cache) if std::ptr::eq(cache.arc_swap(), &*self.table) => cache,
                 other => other.insert(Cache::new(self.table.clone())),
             };
-            Some(self.pick_in(cache.load(), service, port, now, rng, exclude))
+            Some(self.pick_in(cache.load(), Some(routes), service, port, now, rng, exclude))
         });
         match cached {
             Ok(Some(picked)) => picked,
             // The thread is exiting (its cache is gone) or the cache is in use.
-            _ => self.pick_in(&self.table.load(), service, port, now, rng, exclude),
+            _ => self.pick_in(&self.table.load(), None, service, port, now, rng, exclude),
         }
     }
 
     // Inlined into both of `pick`'s paths (cached table, plain load), so that the hot one
     // makes no call for it.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn pick_in(
         &self,
         table: &Table,
+        stash: Option<&mut RouteStash>,
         service: &ServiceKey,
         port: Option<PortRef<'_>>,
         now: Instant,
@@ -586,7 +680,7 @@ impl Router {
         let mut excluded: Vec<usize> = if exclude.is_empty() {
             let choice = self.choose(table, route, now, rng, &[])?;
             match route.addr(port, choice.index) {
-                Some(addr) => return Ok(self.picked(route, choice, addr, now)),
+                Some(addr) => return Ok(self.picked(route, stash, choice, addr, now)),
                 None => vec![choice.index],
             }
         } else {
@@ -599,7 +693,7 @@ impl Router {
         for _ in usize::from(exclude.is_empty())..tries {
             let choice = self.choose(table, route, now, rng, &excluded)?;
             match route.addr(port, choice.index) {
-                Some(addr) => return Ok(self.picked(route, choice, addr, now)),
+                Some(addr) => return Ok(self.picked(route, stash, choice, addr, now)),
                 None => excluded.push(choice.index),
             }
         }
@@ -640,13 +734,18 @@ impl Router {
     fn picked(
         &self,
         route: &Arc<ServiceRoute>,
+        stash: Option<&mut RouteStash>,
         choice: Choice,
         addr: SocketAddr,
         now: Instant,
     ) -> Picked {
         route.state(choice.index).begin_attempt();
+        // A reference a dropped `Picked` of this very route handed back, if any.
+        let route = stash
+            .and_then(|stash| stash.take(route))
+            .unwrap_or_else(|| route.clone());
         Picked {
-            route: route.clone(),
+            route: Some(route),
             index: choice.index,
             addr,
             reason: choice.reason,
@@ -675,7 +774,7 @@ impl Router {
         let late = picked.overdue();
         self.observe(picked, now, stall, |state, obs| {
             let obs = Observation { late, ..obs };
-            state.observe(now, outcome, picked.route.settings(), &obs)
+            state.observe(now, outcome, picked.route().settings(), &obs)
         })
     }
 
@@ -688,7 +787,7 @@ impl Router {
             return None;
         }
         self.observe(picked, now, Duration::ZERO, |state, obs| {
-            state.observe_overdue(now, picked.route.settings(), &obs)
+            state.observe_overdue(now, picked.route().settings(), &obs)
         })
     }
 
@@ -704,7 +803,7 @@ impl Router {
         let waited = now
             .saturating_duration_since(picked.at)
             .saturating_sub(stall);
-        if waited > picked.route.settings().latency_slo {
+        if waited > picked.route().settings().latency_slo {
             self.record_overdue(picked, now)
         } else {
             None
@@ -720,7 +819,7 @@ impl Router {
         stall: Duration,
         run: impl FnOnce(&EndpointState, Observation<'_>) -> Option<PoolChange>,
     ) -> Option<PoolChange> {
-        let route = &picked.route;
+        let route = picked.route();
         let state = picked.state();
         let may_eject = || {
             let _one_at_a_time = self.ejection.lock().unwrap_or_else(|e| e.into_inner());

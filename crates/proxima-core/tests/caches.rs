@@ -7,13 +7,14 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use common::*;
 use proxima_core::strategy::{Decay, KubeProxy, Proximity};
 use proxima_core::{
-    Endpoint, EndpointId, Hints, Node, Outcome, PickContext, Router, ServiceSettings, ServiceSpec,
-    Update,
+    Endpoint, EndpointId, Hints, Node, Outcome, PickContext, Router, ServiceKey, ServiceRoute,
+    ServiceSettings, ServiceSpec, Update,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -497,4 +498,72 @@ fn the_thread_cache_keeps_no_superseded_table_past_the_next_pick() {
     proxima_core::release_cached_table();
     assert!(third.upgrade().is_none());
     assert_eq!(pick(&a), "pod-3");
+}
+
+/// A dropped `Picked` hands its route reference back to the thread for the thread's
+/// next pick of that very route. A pick never gets a superseded route that way, even one
+/// handed back after the update (an attempt that outlived it); drops displace the
+/// superseded routes the thread kept; `release_cached_table` lets all of them go.
+#[test]
+fn handed_back_route_references_never_route_on_a_superseded_route() {
+    let keys: Vec<ServiceKey> = (0..6)
+        .map(|i| ServiceKey::new("default", format!("svc-{i}")))
+        .collect();
+    let router = Router::new(Some("n1".into()));
+    let spec = |k: &ServiceKey| ServiceSpec::new(k.clone(), vec![], ServiceSettings::default());
+    router.apply(
+        [Update::Reset {
+            nodes: vec![],
+            services: keys.iter().map(|k| (spec(k), vec![pod(0, "n1")])).collect(),
+        }],
+        Instant::now(),
+    );
+    let set_pod = |i: usize| {
+        router.apply(
+            keys.iter().map(|k| Update::SetEndpoints {
+                service: k.clone(),
+                endpoints: vec![pod(i, "n1")],
+            }),
+            Instant::now(),
+        )
+    };
+    let current = |k: &ServiceKey| Arc::clone(&router.table().services[k]);
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut pick = |k: &ServiceKey| router.pick(k, None, Instant::now(), &mut rng, &[]).unwrap();
+    let alive =
+        |routes: &[Weak<ServiceRoute>]| routes.iter().filter(|w| w.strong_count() > 0).count();
+
+    // Picks and drops over more services than the thread keeps references for.
+    for _ in 0..3 {
+        for k in &keys {
+            let picked = pick(k);
+            assert!(Arc::ptr_eq(picked.route(), &current(k)));
+        }
+    }
+    // An attempt outlives an update of its service; its drop hands back the old route.
+    let outlived = pick(&keys[0]);
+    let first: Vec<Weak<ServiceRoute>> = keys.iter().map(|k| Arc::downgrade(&current(k))).collect();
+    set_pod(1);
+    drop(outlived);
+    for k in &keys {
+        let picked = pick(k);
+        assert!(
+            Arc::ptr_eq(picked.route(), &current(k)),
+            "{k}: not the current route"
+        );
+        assert_eq!(picked.endpoint().id, "pod-1");
+        assert_eq!(picked.route().endpoints.len(), 1);
+    }
+    // Six drops of the new routes displaced every superseded one (the thread keeps four),
+    // and the pick after the update let the old table go.
+    assert_eq!(alive(&first), 0, "superseded routes still kept");
+
+    // Without further picks, the thread keeps what it had until it lets its cache go.
+    let second: Vec<Weak<ServiceRoute>> =
+        keys.iter().map(|k| Arc::downgrade(&current(k))).collect();
+    set_pod(2);
+    assert!(alive(&second) > 0);
+    proxima_core::release_cached_table();
+    assert_eq!(alive(&second), 0, "released with the thread's cache");
+    assert_eq!(pick(&keys[3]).endpoint().id, "pod-2");
 }

@@ -156,7 +156,7 @@ impl Body for ResponseBody {
                     Poll::Ready(Some(Err(error))) => {
                         if let Some(f) = finish.take() {
                             tracing::debug!(
-                                service = %f.picked.route.key(),
+                                service = %f.picked.route().key(),
                                 endpoint = %f.picked.endpoint().id,
                                 %error,
                                 "upstream response body broke off"

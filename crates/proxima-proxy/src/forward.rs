@@ -628,14 +628,14 @@ impl Proxy {
                 }
             };
             if service.is_none() {
-                picked.route.retry_budget().record_request(attempt_start);
+                picked.route().retry_budget().record_request(attempt_start);
                 self.probe_shapes
-                    .remember(&picked.route, &req, attempt_start);
+                    .remember(picked.route(), &req, attempt_start);
             }
             let service = service
-                .get_or_insert_with(|| self.metrics.service(picked.route.key()))
+                .get_or_insert_with(|| self.metrics.service(picked.route().key()))
                 .clone();
-            let settings = picked.route.settings();
+            let settings = picked.route().settings();
             let (timeout, connect_timeout, retries, slo) = (
                 settings.timeout,
                 settings.connect_timeout,
@@ -643,7 +643,8 @@ impl Proxy {
                 settings.latency_slo,
             );
             let deadline = *deadline.get_or_insert(start + timeout);
-            if replayable && replay.is_none() && retries > 0 && picked.route.eligible().len() > 1 {
+            if replayable && replay.is_none() && retries > 0 && picked.route().eligible().len() > 1
+            {
                 replay = Some(Replay::of(&req));
             }
             service.pick(picked.reason);
@@ -671,7 +672,7 @@ impl Proxy {
                 Attempt::Response(response, sender, now) => {
                     let latency = now.saturating_duration_since(attempt_start);
                     let status = response.status().as_u16();
-                    let failure = picked.route.settings().failure_status.contains(status);
+                    let failure = picked.route().settings().failure_status.contains(status);
                     let outcome = Outcome::Answered { latency, status };
                     self.record(&picked, &service, now, outcome, stall_start);
                     endpoint.upstream_duration(latency);
@@ -785,7 +786,7 @@ impl Proxy {
             if retries_done >= retries {
                 return self.give_up(&service, failed, start);
             }
-            if !picked.route.retry_budget().try_retry(Instant::now()) {
+            if !picked.route().retry_budget().try_retry(Instant::now()) {
                 service.retry_refused();
                 debug!(
                     service = service.label(),

@@ -90,7 +90,7 @@ pub struct PickContext<'a> {
 impl<'a> PickContext<'a> {
     /// Whether `index` may take this request: eligible by its conditions (see
     /// [`Route::eligible`]), not already tried, not cooling down.
-    #[inline]
+    #[inline(always)]
     pub fn usable(&self, index: usize) -> bool {
         !self.exclude.contains(&index) && !self.route.state(index).cooling_down(self.now)
     }
