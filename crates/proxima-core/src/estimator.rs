@@ -32,9 +32,9 @@
 //!
 //! Memory: a thousand endpoints keep a thousand windows, so a sample is 8 bytes and its
 //! sorted copy 4: its time in milliseconds after the estimator's `base`, and its value
-//! in microseconds up to [`MAX_MICROS`] (71 minutes; longer responses and SLOs count as
-//! that long, far beyond any request timeout). Millisecond stamps make an age exact to
-//! within a millisecond, which is nothing against age limits of seconds. When a stamp
+//! in microseconds up to `MAX_MICROS` (71 minutes; longer responses count as that
+//! long, and `latency-slo` is at most 60 minutes). Millisecond stamps make an age exact
+//! to within a millisecond, which is nothing against age limits of seconds. When a stamp
 //! would pass `u32::MAX` (49 days after `base`), the base moves forward and every stamp
 //! with it; a sample more than 24 days older than the newest then counts as 24 days
 //! old. A sample's position in the sequence of samples is implied by its place in the

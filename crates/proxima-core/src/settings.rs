@@ -214,7 +214,15 @@ impl ServiceSettings {
         let dur = |v: &str| parse_duration(v).ok_or_else(|| duration_error(key, v));
         match key {
             "latency-slo" => {
-                self.latency_slo = positive(key, value, dur(value)?)?;
+                let slo = positive(key, value, dur(value)?)?;
+                if slo > MAX_LATENCY_SLO {
+                    return Err(SettingError::new(
+                        key,
+                        value,
+                        "a duration greater than zero and at most 60m",
+                    ));
+                }
+                self.latency_slo = slo;
             }
             "slo-percentile" => {
                 self.slo_percentile = value
@@ -456,6 +464,10 @@ fn duration_error(key: &str, value: &str) -> SettingError {
     )
 }
 
+/// The longest `latency-slo` accepted: the estimator tells response times apart up to
+/// 71 minutes (`estimator.rs`), so a longer SLO could not be judged as written.
+const MAX_LATENCY_SLO: Duration = Duration::from_secs(3600);
+
 fn positive(key: &str, value: &str, d: Duration) -> Result<Duration, SettingError> {
     if d.is_zero() {
         Err(SettingError::new(
@@ -528,6 +540,23 @@ mod tests {
         assert_eq!(s.qos_pool.probe_path, "/healthz");
         assert_eq!(s.qos_pool.probe, ProbeShape::Traffic);
         assert_eq!(s.param("proximity", "alpha"), Some("0.8"));
+    }
+
+    #[test]
+    fn a_latency_slo_beyond_what_the_estimator_tells_apart_keeps_the_default() {
+        let (s, errors) = ServiceSettings::from_pairs([("latency-slo", "120m")]);
+        assert_eq!(s.latency_slo, ServiceSettings::default().latency_slo);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].expected.contains("at most 60m"),
+            "{:?}",
+            errors[0]
+        );
+        let (s, errors) = ServiceSettings::from_pairs([("latency-slo", "60m")]);
+        assert_eq!(
+            (s.latency_slo, errors.len()),
+            (Duration::from_secs(3600), 0)
+        );
     }
 
     #[test]
