@@ -276,22 +276,6 @@ impl LatencyEstimator {
         slo: Duration,
         percentile: f64,
     ) -> Prediction {
-        let ranked = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => self.predict_with(now, max_age, slo, percentile, &mut scratch),
-            Err(_) => self.predict_with(now, max_age, slo, percentile, &mut Vec::new()),
-        });
-        // The thread is exiting (its buffer is gone): a buffer of our own.
-        ranked.unwrap_or_else(|_| self.predict_with(now, max_age, slo, percentile, &mut Vec::new()))
-    }
-
-    fn predict_with(
-        &self,
-        now: Instant,
-        max_age: Duration,
-        slo: Duration,
-        percentile: f64,
-        scratch: &mut Vec<u32>,
-    ) -> Prediction {
         let slo_us = micros_of(slo);
         let (samples, within_slo, quantile) = if self.all_fresh(now, max_age) {
             let sorted = &self.sorted;
@@ -302,10 +286,19 @@ impl LatencyEstimator {
                 quantile,
             )
         } else {
-            scratch.clear();
-            scratch.extend(self.fresh(now, max_age).map(|s| s.micros));
-            let within_slo = scratch.iter().filter(|&&v| v <= slo_us).count();
-            (scratch.len(), within_slo, nearest_rank(scratch, percentile))
+            let rank = |scratch: &mut Vec<u32>| {
+                scratch.clear();
+                scratch.extend(self.fresh(now, max_age).map(|s| s.micros));
+                let within_slo = scratch.iter().filter(|&&v| v <= slo_us).count();
+                (scratch.len(), within_slo, nearest_rank(scratch, percentile))
+            };
+            // A buffer of its own when the thread's is gone (the thread is exiting) or
+            // in use.
+            SCRATCH
+                .try_with(|cell| cell.try_borrow_mut().ok().map(|mut s| rank(&mut s)))
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| rank(&mut Vec::new()))
         };
         let quantile = quantile.map(|us| {
             if us == MISS_US {
