@@ -1,6 +1,7 @@
 //! Fuzzing of everything that parses input from outside the proxy (issue 10): service
 //! names from `x-service`, `Host` and absolute URIs; topology files; Service annotations
-//! as the Kubernetes index reads them. Each property feeds random and mutated input and
+//! as the Kubernetes index reads them; what pods send back to the native HTTP/1.1
+//! exchange (response heads, body framing). Each property feeds random and mutated input and
 //! asserts only that nothing panics and that accepted names are well formed.
 //!
 //! A proptest harness rather than cargo-fuzz, which needs a nightly compiler. It runs with
@@ -16,7 +17,7 @@ use proptest::prelude::*;
 use proxima_core::ServiceSettings;
 use proxima_k8s::{Index, IndexConfig, Watched};
 use proxima_proxy::target::split_target;
-use proxima_proxy::{parse_target, TargetSource};
+use proxima_proxy::{decode_for_fuzzing, parse_target, TargetSource};
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROXIMA_FUZZ_CASES")
@@ -40,6 +41,42 @@ fn name_like() -> impl Strategy<Value = String> {
         ".{0,40}",
         "([a-z0-9-]{0,70}\\.){0,6}[a-z0-9-]{0,70}(:[0-9a-z]{0,8})?",
     ]
+}
+
+/// Responses a pod might send: valid ones of every framing, to be mutated.
+const RESPONSES: &[&[u8]] = &[
+    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: b\r\n\r\nhello",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nt: 1\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 404 Not Found\r\nconnection: keep-alive\r\n\r\nbody until close",
+    b"HTTP/1.1 304 Not Modified\r\ncontent-length: 10\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+];
+
+/// A valid response, with byte ranges replaced, inserted or deleted.
+fn mutated_response() -> impl Strategy<Value = Vec<u8>> {
+    let edits = prop::collection::vec(
+        (
+            any::<prop::sample::Index>(),
+            0usize..8,
+            prop::collection::vec(
+                prop_oneof![
+                    any::<u8>(),
+                    prop::sample::select(b"\r\n:;, 0123456789abcdefABCDEF".to_vec())
+                ],
+                0..8,
+            ),
+        ),
+        1..5,
+    );
+    (prop::sample::select(RESPONSES), edits).prop_map(|(base, edits)| {
+        let mut bytes = base.to_vec();
+        for (at, remove, insert) in edits {
+            let at = at.index(bytes.len() + 1);
+            let end = (at + remove).min(bytes.len());
+            bytes.splice(at..end, insert);
+        }
+        bytes
+    })
 }
 
 /// The annotated example topology, so that mutations start from something valid.
@@ -93,6 +130,40 @@ proptest! {
                 let _ = parse_target(authority.as_str(), TargetSource::Host, "default", "cluster.local");
             }
         }
+    }
+
+    #[test]
+    fn arbitrary_pod_responses_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        head in any::<bool>(),
+        max_headers in 0usize..8,
+    ) {
+        let _ = decode_for_fuzzing(&bytes, head, max_headers);
+    }
+
+    #[test]
+    fn mutated_pod_responses_never_panic(bytes in mutated_response(), head in any::<bool>()) {
+        let (parsed, decoded) = decode_for_fuzzing(&bytes, head, 100);
+        // No more body than was sent.
+        prop_assert!(!parsed || decoded <= bytes.len());
+    }
+
+    #[test]
+    fn chunked_bodies_decode_to_the_bytes_encoded(
+        pieces in prop::collection::vec((1usize..300, "(;[a-z]{1,5}(=[a-z0-9]{0,5})?)?", any::<bool>()), 0..12),
+        trailers in "([a-z]{1,8}: [ -~]{0,10}\r\n){0,3}",
+    ) {
+        let mut bytes = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        let mut total = 0;
+        for (len, extension, upper) in &pieces {
+            let size = if *upper { format!("{len:X}") } else { format!("{len:x}") };
+            bytes.extend_from_slice(format!("{size}{extension}\r\n").as_bytes());
+            bytes.extend(std::iter::repeat_n(b'x', *len));
+            bytes.extend_from_slice(b"\r\n");
+            total += len;
+        }
+        bytes.extend_from_slice(format!("0\r\n{trailers}\r\n").as_bytes());
+        prop_assert_eq!(decode_for_fuzzing(&bytes, false, 100), (true, total));
     }
 
     #[test]

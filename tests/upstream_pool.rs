@@ -164,7 +164,8 @@ async fn a_bound_of_zero_keeps_no_idle_connection() {
 }
 
 /// Beyond `max_idle_buffered`, idle connections are parked: their socket stays pooled
-/// without HTTP state. Taking one back opens no new TCP connection, and one the pod
+/// without HTTP state (and a body-less request's native exchange leaves its connection
+/// parked from the start). Taking one back opens no new TCP connection, and one the pod
 /// closed while parked is noticed (or retried) without failing a request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
@@ -188,11 +189,11 @@ async fn parked_connections_are_reused_and_a_closed_one_fails_no_request() {
     };
     round().await;
     eventually(
-        "all but one idle connection parked",
+        "all idle connections parked but at most the one buffered",
         Duration::from_secs(5),
         || {
-            proxy.metric("proxima_upstream_idle_parked_connections") as usize
-                == proxy.proxy.idle_connections() - 1
+            proxy.metric("proxima_upstream_idle_parked_connections") as usize + 1
+                >= proxy.proxy.idle_connections()
                 && proxy.proxy.idle_connections() >= PODS
         },
     )

@@ -11,7 +11,10 @@
 //!
 //! A pod's body may begin with a frame the proxy already read ([`UpstreamBody`]): before
 //! answering, `forward::attempt` waits a moment for the first frame so that a body that
-//! is broken from its first byte becomes a `502` rather than a cut-off answer.
+//! is broken from its first byte becomes a `502` rather than a cut-off answer. The rest
+//! comes through hyper's client or the proxy's own exchange (`h1.rs`); the latter
+//! holds its socket until the body ends, and hands it back only if it may carry
+//! another request.
 //!
 //! Every response also holds the client connection's [`InFlight`] mark, and its place
 //! under the proxy's concurrency limit (see `server.rs`), until it has been sent or
@@ -28,9 +31,12 @@ use proxima_core::Picked;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::InFlight;
+use crate::h1::{NativeBody, UpstreamError};
 use crate::metrics::{EndpointMetrics, ErrorKind};
 use crate::pool::Lease;
-use crate::request_body::PolledFrame;
+
+/// What `poll_frame` returns for a pod's response body.
+type ResponseFrame = Poll<Option<Result<Frame<Bytes>, UpstreamError>>>;
 
 /// What to do once a pod's response body has been streamed.
 #[derive(Debug)]
@@ -43,8 +49,8 @@ pub(crate) struct Finish {
 }
 
 impl Finish {
-    fn complete(self, clean: bool) {
-        self.connection.release(clean);
+    fn complete(self, clean: bool, body: &mut UpstreamBody) {
+        body.release(self.connection, clean);
         // Dropping `picked` ends the in-flight count.
     }
 }
@@ -53,12 +59,55 @@ impl Finish {
 #[derive(Debug)]
 pub(crate) struct UpstreamBody {
     pub(crate) first: Option<Frame<Bytes>>,
-    pub(crate) rest: Incoming,
+    pub(crate) rest: Rest,
 }
 
 impl UpstreamBody {
     fn is_end_stream(&self) -> bool {
         self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    /// The exchange is over: give its connection back through `lease`, to be kept if
+    /// the body was read to its end (`clean`) and the connection allows it.
+    pub(crate) fn release(&mut self, lease: Lease, clean: bool) {
+        match &mut self.rest {
+            Rest::Hyper(_) => lease.release(clean),
+            Rest::Native(body) => lease.release_socket(body.reusable().filter(|_| clean)),
+        }
+    }
+}
+
+/// The part of a pod's body still to be read: through hyper's client, or the proxy's
+/// own exchange.
+#[derive(Debug)]
+pub(crate) enum Rest {
+    Hyper(Incoming),
+    Native(NativeBody),
+}
+
+impl Body for Rest {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> ResponseFrame {
+        match self.get_mut() {
+            Rest::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(UpstreamError::Hyper),
+            Rest::Native(body) => body.poll_frame(cx).map_err(UpstreamError::Native),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Rest::Hyper(body) => body.is_end_stream(),
+            Rest::Native(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Rest::Hyper(body) => body.size_hint(),
+            Rest::Native(body) => body.size_hint(),
+        }
     }
 }
 
@@ -126,31 +175,30 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> ResponseFrame {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Upstream { body, finish } => {
                 if let Some(first) = body.first.take() {
                     if body.rest.is_end_stream() {
                         if let Some(f) = finish.take() {
-                            f.complete(true);
+                            f.complete(true, body);
                         }
                     }
                     return Poll::Ready(Some(Ok(first)));
                 }
-                let body = &mut body.rest;
-                let polled = Pin::new(&mut *body).poll_frame(cx);
+                let polled = Pin::new(&mut body.rest).poll_frame(cx);
                 match &polled {
                     Poll::Ready(None) => {
                         if let Some(f) = finish.take() {
-                            f.complete(true);
+                            f.complete(true, body);
                         }
                     }
-                    Poll::Ready(Some(Ok(_))) if body.is_end_stream() => {
+                    Poll::Ready(Some(Ok(_))) if body.rest.is_end_stream() => {
                         if let Some(f) = finish.take() {
-                            f.complete(true);
+                            f.complete(true, body);
                         }
                     }
                     Poll::Ready(Some(Err(error))) => {
@@ -162,7 +210,7 @@ impl Body for ResponseBody {
                                 "upstream response body broke off"
                             );
                             f.metrics.error(ErrorKind::Reset);
-                            f.complete(false);
+                            f.complete(false, body);
                         }
                     }
                     _ => {}
@@ -206,7 +254,8 @@ impl Drop for ResponseBody {
             if let Some(f) = finish.take() {
                 // Bodies that end without a final poll (empty, HEAD, 204, 304) are
                 // complete; anything else was cut off and its connection is unusable.
-                f.complete(body.is_end_stream());
+                let clean = body.is_end_stream();
+                f.complete(clean, body);
             }
         }
     }

@@ -53,10 +53,11 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
-use crate::body::{Finish, ResponseBody, UpstreamBody};
+use crate::body::{Finish, ResponseBody, Rest, UpstreamBody};
+use crate::h1::{self, UpstreamError};
 use crate::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
-use crate::pool::{ConnPool, ConnectError, Sender};
+use crate::pool::{ConnPool, ConnectError, Held, Sender};
 use crate::reply;
 use crate::request_body::RequestBody;
 use crate::target::{split_port, TargetError, TargetSource};
@@ -90,13 +91,13 @@ pub(crate) struct BadTarget {
 /// How one attempt on one endpoint ended.
 pub(crate) enum Attempt {
     /// Response headers arrived (at the instant given: the measurement ends there, not
-    /// after the wait for the first body frame); the sender goes back to the pool after
-    /// the body.
-    Response(Response<UpstreamBody>, Sender, Instant),
+    /// after the wait for the first body frame); the connection goes back to the pool
+    /// after the body (hyper's sender here; a native exchange's socket is in the body).
+    Response(Response<UpstreamBody>, Option<Sender>, Instant),
     /// Nothing reached the pod; the request comes back untouched.
     NotSent(Request<RequestBody>, ConnectError),
     /// The request was (at least in part) sent, and no response came.
-    Failed(ErrorKind, hyper::Error),
+    Failed(ErrorKind, UpstreamError),
     /// The client's own request body broke while it was being sent.
     ClientBodyFailed(hyper::Error),
     /// The request deadline passed before response headers arrived.
@@ -113,17 +114,19 @@ pub(crate) enum Attempt {
 const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 
 /// Send `req` to the pod at `addr`: on a pooled connection if one is ready, else on a
-/// fresh one (see the module docs).
+/// fresh one (see the module docs). A request without a body goes through the proxy's
+/// own HTTP/1.1 exchange (`h1.rs`), one with a body through hyper's client.
 ///
 /// A pooled connection can turn out dead under the request: the pod closed it while idle
-/// (many servers do, without `Connection: close`), racing with the reuse. If hyper hands
-/// the request back (nothing was written), or the connection closed or was reset before
-/// any byte of a response and the request is body-less and idempotent, the request goes
-/// again to the same pod on a fresh connection. Neither counts against the pod: only the
-/// final result of the attempt is reported.
+/// (many servers do, without `Connection: close`), racing with the reuse. If nothing of
+/// the request was written, or the connection closed or was reset before any byte of a
+/// response and the request is body-less and idempotent, the request goes again to the
+/// same pod on a fresh connection. Neither counts against the pod: only the final
+/// result of the attempt is reported.
 ///
-/// `replay` is the request's copy for a retry, if the caller keeps one; it serves the
-/// resend too, so a request is copied at most once.
+/// `replay` is the request's copy for a retry, if the caller keeps one; it serves
+/// hyper's resend too, so a request is copied at most once. The native exchange only
+/// borrows the request and needs no copy.
 pub(crate) async fn attempt(
     pool: &Arc<ConnPool>,
     addr: SocketAddr,
@@ -133,29 +136,78 @@ pub(crate) async fn attempt(
     replay: Option<&Replay>,
 ) -> Attempt {
     let resendable = req.body().is_end_stream() && is_idempotent(req.method());
+    let native = matches!(req.body(), RequestBody::Empty);
     let mut stale = 0;
     loop {
         let pooled = if stale < MAX_STALE {
-            pool.take(addr, Instant::now()).await
+            pool.take(addr, Instant::now())
         } else {
             None
         };
         let fresh = pooled.is_none();
-        let mut sender = match pooled {
-            Some(sender) => sender,
+        let held = match pooled {
+            Some(held) => held,
             None => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Attempt::TimedOut { sent: false };
                 }
-                match pool.connect(addr, connect_timeout.min(left)).await {
-                    Ok(sender) => sender,
+                let timeout = connect_timeout.min(left);
+                let connected = if native {
+                    pool.connect_socket(addr, timeout).await.map(Held::Parked)
+                } else {
+                    pool.connect(addr, timeout).await.map(Held::Ready)
+                };
+                match connected {
+                    Ok(held) => held,
                     Err(ConnectError::Timeout(_)) if left < connect_timeout => {
                         return Attempt::TimedOut { sent: false }
                     }
                     Err(error) => return Attempt::NotSent(req, error),
                 }
             }
+        };
+        let mut sender = match held {
+            Held::Parked(socket) if native => {
+                let exchange = h1::exchange(socket, &req, pool.max_response_headers());
+                match tokio::time::timeout_at(deadline.into(), exchange).await {
+                    Err(_) => return Attempt::TimedOut { sent: true },
+                    Ok(Ok(response)) => {
+                        return match first_frame(response.map(Rest::Native), deadline).await {
+                            Ok((response, at)) => Attempt::Response(response, None, at),
+                            Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+                        }
+                    }
+                    Ok(Err(error)) if error.nothing_sent() && fresh => {
+                        return Attempt::NotSent(req, ConnectError::Closed(error.into()))
+                    }
+                    // A stale keep-alive connection: same pod, another connection.
+                    Ok(Err(error)) if error.nothing_sent() => stale += 1,
+                    Ok(Err(error)) if !fresh && resendable && error.died_before_response() => {
+                        debug!(%addr, %error, "pooled connection died before a response; sending again on a fresh one");
+                        stale = MAX_STALE;
+                    }
+                    Ok(Err(error)) => {
+                        let kind = if error.is_protocol() {
+                            ErrorKind::Protocol
+                        } else {
+                            ErrorKind::Reset
+                        };
+                        return Attempt::Failed(kind, error.into());
+                    }
+                }
+                continue;
+            }
+            Held::Parked(socket) => match pool.drive(addr, socket).await {
+                Ok(sender) => sender,
+                // The handshake writes nothing; it fails only if the runtime is shutting
+                // down. Try another connection.
+                Err(_) => {
+                    stale += 1;
+                    continue;
+                }
+            },
+            Held::Ready(sender) => sender,
         };
         let again = match replay {
             _ if fresh || !resendable => None,
@@ -166,14 +218,14 @@ pub(crate) async fn attempt(
         match tokio::time::timeout_at(deadline.into(), sent).await {
             Err(_) => return Attempt::TimedOut { sent: true },
             Ok(Ok(response)) => {
-                return match first_frame(response, deadline).await {
-                    Ok((response, at)) => Attempt::Response(response, sender, at),
+                return match first_frame(response.map(Rest::Hyper), deadline).await {
+                    Ok((response, at)) => Attempt::Response(response, Some(sender), at),
                     Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
                 }
             }
             Ok(Err(mut error)) => match error.take_message() {
                 Some(back) if fresh => {
-                    return Attempt::NotSent(back, ConnectError::Closed(error.into_error()))
+                    return Attempt::NotSent(back, ConnectError::Closed(error.into_error().into()))
                 }
                 Some(back) => {
                     // A stale keep-alive connection: same pod, fresh connection.
@@ -191,7 +243,7 @@ pub(crate) async fn attempt(
                             req = replay.request();
                             stale = MAX_STALE;
                         }
-                        _ => return Attempt::Failed(error_kind(&error), error),
+                        _ => return Attempt::Failed(error_kind(&error), error.into()),
                     }
                 }
             },
@@ -206,9 +258,9 @@ pub(crate) async fn attempt(
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
 /// a length the body does not have.
 async fn first_frame(
-    response: Response<Incoming>,
+    response: Response<Rest>,
     deadline: Instant,
-) -> Result<(Response<UpstreamBody>, Instant), hyper::Error> {
+) -> Result<(Response<UpstreamBody>, Instant), UpstreamError> {
     // The measurement ends here, not after the wait below.
     let headers_at = Instant::now();
     let (mut parts, mut rest) = response.into_parts();

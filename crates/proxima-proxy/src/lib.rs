@@ -31,6 +31,7 @@ mod config;
 mod conn;
 mod connect;
 mod forward;
+mod h1;
 mod headers;
 mod metrics;
 mod pool;
@@ -54,6 +55,9 @@ pub use prometheus;
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
 pub use connect::connect_from;
+#[doc(hidden)]
+pub use h1::decode_for_fuzzing;
+pub use h1::{H1Error, UpstreamError};
 pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
 pub use server::serve;

@@ -1,8 +1,8 @@
 //! Upstream HTTP/1.1 connections: connecting, and a bounded keep-alive pool.
 //!
-//! Idle connections (`SendRequest`s whose previous response has been fully read) are
-//! kept per pod address, oldest first, and reused newest first so that rarely used ones
-//! age out after `pool_idle_timeout`. Connecting is a separate step from sending,
+//! Idle connections (sockets, or hyper `SendRequest`s, whose previous response has been
+//! fully read) are kept per pod address, oldest first, and reused newest first so that
+//! rarely used ones age out after `pool_idle_timeout`. Connecting is a separate step from sending,
 //! because the forwarding loop treats the two phases differently: a connect failure
 //! means nothing reached the pod, so the request may go to another pod whatever its
 //! method (see `forward.rs`).
@@ -29,8 +29,11 @@
 //! shutting the socket down, the buffers are freed, and only the socket (a file
 //! descriptor and its reactor registration) stays in the pool, in the same place by
 //! age. Taking a parked connection first checks that the pod has not closed it nor
-//! sent anything unasked, then starts a new HTTP/1.1 exchange on it; no bytes go over
-//! the wire for that, so it saves the TCP handshake a fresh connection would cost.
+//! sent anything unasked; a request without a body then runs the proxy's own exchange
+//! on it (`h1.rs`), and one with a body starts hyper's HTTP/1.1 on it again. No bytes
+//! go over the wire for either, so it saves the TCP handshake a fresh connection would
+//! cost. The native exchange leaves its connection parked from the start: it keeps no
+//! state between requests, so most idle connections cost only their socket.
 //! A parked connection is still a pooled one to the forwarding loop: if the pod closed
 //! it unseen, the request goes again on a fresh connection (see `forward.rs`).
 //!
@@ -65,6 +68,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::connect::connect_from;
+use crate::h1::UpstreamError;
 use crate::metrics::{IdleCloseReason, PoolMetrics};
 use crate::request_body::RequestBody;
 
@@ -117,9 +121,11 @@ pub(crate) struct PoolBounds {
     pub(crate) buffered: usize,
 }
 
-/// An idle connection: ready for the next request, or parked (module docs).
+/// An idle connection: ready for the next request through hyper, or parked: a bare
+/// socket, which the native exchange (`h1.rs`) uses as it is and hyper starts
+/// HTTP/1.1 on again (module docs).
 #[derive(Debug)]
-enum Held {
+pub(crate) enum Held {
     Ready(Sender),
     Parked(TcpStream),
 }
@@ -243,20 +249,30 @@ pub(crate) struct ConnPool {
     workers_serve: AtomicBool,
 }
 
-/// A connection in use, to be [released](Lease::release) back to its pool.
+/// A connection in use, to be [released](Lease::release) back to its pool. A native
+/// exchange's socket is with its response body meanwhile, and comes back through
+/// [`Lease::release_socket`].
 #[derive(Debug)]
 pub(crate) struct Lease {
     pool: Arc<ConnPool>,
     addr: SocketAddr,
-    sender: Sender,
+    sender: Option<Sender>,
 }
 
 impl Lease {
     /// The exchange is over: keep the connection for reuse if it `completed` (the whole
     /// response was read) and the pool has room; otherwise close it.
     pub(crate) fn release(self, completed: bool) {
-        if completed {
-            self.pool.put(self.addr, self.sender);
+        if let (true, Some(sender)) = (completed, self.sender) {
+            self.pool.put(self.addr, Held::Ready(sender));
+        }
+    }
+
+    /// The native exchange is over: keep its socket if it is given back (it is only
+    /// when the response was read to its end and the pod allows another request).
+    pub(crate) fn release_socket(self, socket: Option<TcpStream>) {
+        if let Some(socket) = socket {
+            self.pool.put(self.addr, Held::Parked(socket));
         }
     }
 }
@@ -292,19 +308,36 @@ impl ConnPool {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Sender, ConnectError> {
-        let stream = tokio::time::timeout(timeout, connect_from(addr, self.bind))
-            .await
-            .map_err(|_| ConnectError::Timeout(timeout))??;
-        // Small requests and responses must not wait for Nagle's algorithm.
-        let _ = stream.set_nodelay(true);
+        let stream = self.connect_socket(addr, timeout).await?;
         self.drive(addr, stream)
             .await
             .map_err(ConnectError::Handshake)
     }
 
-    /// Start HTTP/1.1 on `stream` (a new socket, or a parked one), with a task that
-    /// drives it and, if the pool parks it, hands the socket back (module docs).
-    async fn drive(
+    /// Open a new connection to `addr` within `timeout`, from the pool's bind address if
+    /// any, as a bare socket (for the native exchange, `h1.rs`).
+    pub(crate) async fn connect_socket(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<TcpStream, ConnectError> {
+        let stream = tokio::time::timeout(timeout, connect_from(addr, self.bind))
+            .await
+            .map_err(|_| ConnectError::Timeout(timeout))??;
+        // Small requests and responses must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    /// The most header fields a pod's response may have.
+    pub(crate) fn max_response_headers(&self) -> usize {
+        self.max_response_headers
+    }
+
+    /// Start HTTP/1.1 through hyper on `stream` (a new socket, or a parked one), with a
+    /// task that drives it and, if the pool parks it, hands the socket back (module
+    /// docs).
+    pub(crate) async fn drive(
         self: &Arc<Self>,
         addr: SocketAddr,
         stream: TcpStream,
@@ -340,8 +373,9 @@ impl ConnPool {
         self.lists.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lend `sender`, a connection to `addr`, until [`Lease::release`].
-    pub(crate) fn lease(self: &Arc<Self>, addr: SocketAddr, sender: Sender) -> Lease {
+    /// Lend a connection to `addr` until it is released: `sender` for hyper's, none for
+    /// a native exchange's (see [`Lease`]).
+    pub(crate) fn lease(self: &Arc<Self>, addr: SocketAddr, sender: Option<Sender>) -> Lease {
         Lease {
             pool: self.clone(),
             addr,
@@ -350,18 +384,9 @@ impl ConnPool {
     }
 
     /// The newest idle connection to `addr` that is ready for a request and driven by
-    /// the calling worker thread; a parked one starts HTTP/1.1 again. Closed and expired
-    /// ones are dropped on the way; ones still finishing their previous exchange, and
-    /// other workers' ones, are left.
-    pub(crate) async fn take(self: &Arc<Self>, addr: SocketAddr, now: Instant) -> Option<Sender> {
-        match self.take_idle(addr, now)? {
-            Held::Ready(sender) => Some(sender),
-            // The handshake writes nothing; it fails only if the runtime is shutting down.
-            Held::Parked(stream) => self.drive(addr, stream).await.ok(),
-        }
-    }
-
-    fn take_idle(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
+    /// the calling worker thread. Closed and expired ones are dropped on the way; ones
+    /// still finishing their previous exchange, and other workers' ones, are left.
+    pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
         let worker = crate::workers::current_index();
         let mut dropped = Vec::new();
         let taken = {
@@ -389,10 +414,12 @@ impl ConnPool {
 
     /// Keep a connection whose exchange has completed for the next request, pushing
     /// out the oldest idle ones beyond the bounds and parking the oldest buffered ones
-    /// beyond theirs.
-    fn put(&self, addr: SocketAddr, sender: Sender) {
+    /// beyond theirs. A bare socket is not checked here: its exchange read the
+    /// response to its end a moment ago, and [`take`](Self::take) checks it anyway.
+    fn put(&self, addr: SocketAddr, held: Held) {
         let worker = crate::workers::current_index();
-        if sender.is_closed() || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
+        let closed = matches!(&held, Held::Ready(sender) if sender.is_closed());
+        if closed || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
             return;
         }
         if self.bounds.per_endpoint == 0 || self.bounds.total == 0 {
@@ -407,7 +434,7 @@ impl ConnPool {
             let seq = lists.next_seq;
             lists.next_seq += 1;
             let idle = Idle {
-                held: Held::Ready(sender),
+                held,
                 worker,
                 since,
                 seq,
@@ -543,7 +570,7 @@ pub(crate) enum ConnectError {
     Handshake(hyper::Error),
     /// A fresh connection broke before the request could be written.
     #[error("connection closed before the request was sent: {0}")]
-    Closed(hyper::Error),
+    Closed(UpstreamError),
 }
 
 /// Hand a parked connection's socket back to its pool, if the pool is still there.
@@ -607,18 +634,18 @@ mod tests {
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
         crate::workers::pretend_worker(1);
-        pool.put(addr, sender);
+        pool.put(addr, Held::Ready(sender));
         assert_eq!(pool.idle_to(addr), 1);
 
         crate::workers::pretend_worker(2);
         assert!(
-            pool.take(addr, Instant::now()).await.is_none(),
+            pool.take(addr, Instant::now()).is_none(),
             "worker 2 took worker 1's"
         );
         assert_eq!(pool.idle_to(addr), 1, "and left it in the pool");
 
         crate::workers::pretend_worker(1);
-        assert!(pool.take(addr, Instant::now()).await.is_some());
+        assert!(pool.take(addr, Instant::now()).is_some());
         assert_eq!(pool.idle_to(addr), 0);
     }
 
@@ -628,12 +655,12 @@ mod tests {
         let pool = pool_of(ROOMY);
         // Off the workers and with no workers serving (tests, the testbed): kept.
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
-        pool.put(addr, sender);
+        pool.put(addr, Held::Ready(sender));
         assert_eq!(pool.idle_to(addr), 1);
         // Workers serve: a connection the prober's runtime drives is closed instead.
         pool.serve_on_workers();
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
-        pool.put(addr, sender);
+        pool.put(addr, Held::Ready(sender));
         assert_eq!(pool.idle_to(addr), 1);
     }
 
@@ -647,7 +674,7 @@ mod tests {
         });
         for addr in [a, b] {
             let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
-            pool.put(addr, sender);
+            pool.put(addr, Held::Ready(sender));
         }
         // `a`'s connection was the oldest buffered one: its task hands the socket back.
         let parked_back = |pool: Arc<ConnPool>| async move {
@@ -664,7 +691,7 @@ mod tests {
         // A third connection overfills the pool: the oldest by age goes, which is the
         // parked one, not the one returned after it (which is parked in turn).
         let sender = pool.connect(c, Duration::from_secs(5)).await.unwrap();
-        pool.put(c, sender);
+        pool.put(c, Held::Ready(sender));
         parked_back(pool.clone()).await;
         assert_eq!(
             (pool.idle_to(a), pool.idle_to(b), pool.idle_to(c)),

@@ -238,10 +238,11 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
             let latency = headers_at.saturating_duration_since(start);
             let status = response.status().as_u16();
             // Read the body so that the connection can be reused.
-            let mut body = response.into_body().rest;
+            let mut body = response.into_body();
             let drained = tokio::time::timeout_at(deadline.into(), async {
                 while let Some(frame) =
-                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut body.rest).poll_frame(cx))
+                        .await
                 {
                     if frame.is_err() {
                         return false;
@@ -250,17 +251,18 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
                 true
             })
             .await;
-            proxy
-                .pool
-                .lease(ticket.addr, sender)
-                .release(drained == Ok(true));
+            body.release(proxy.pool.lease(ticket.addr, sender), drained == Ok(true));
             Outcome::Answered { latency, status }
         }
         Attempt::NotSent(_, error) => {
             debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe could not connect");
             Outcome::ConnectFailed
         }
-        Attempt::Failed(_, error) | Attempt::ClientBodyFailed(error) => {
+        Attempt::Failed(_, error) => {
+            debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe failed");
+            Outcome::Failed
+        }
+        Attempt::ClientBodyFailed(error) => {
             debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe failed");
             Outcome::Failed
         }

@@ -10,9 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-/// What `poll_frame` returns for the bodies the proxy moves: hyper's frames of bytes
-/// and its errors. One name so that every body of the proxy has the same signature.
-pub(crate) type PolledFrame = Poll<Option<Result<Frame<Bytes>, hyper::Error>>>;
+/// What `poll_frame` returns for a client's request body: hyper's frames and errors.
+type PolledFrame = Poll<Option<Result<Frame<Bytes>, hyper::Error>>>;
 
 /// Body of a request on its way to a pod: the client's body, or nothing (requests
 /// without a body, and replays of them).

@@ -1,0 +1,1060 @@
+//! The proxy's own HTTP/1.1 exchange with a pod, for requests without a body.
+//!
+//! Most requests through an edge proxy carry no body (GETs from devices, probes). For
+//! them the proxy writes the request head and reads the response in the requesting
+//! task, on a plain socket taken from the pool, instead of going through hyper's client
+//! connection. hyper's client hands every request to a connection task over a channel
+//! and wakes that task for each step; measured on this machine (`benches/README.md`,
+//! fourth round) that dispatch cost about 3 µs of CPU per request, and every idle
+//! connection it drove kept two 8 KiB buffers and a task. Here an idle connection is
+//! only its socket (a "parked" one in `pool.rs`), and a response is read into one
+//! buffer that its body frames share. Requests with a body keep going through hyper,
+//! whose request-body streaming (chunked uploads, `Expect`) is not repeated here.
+//!
+//! What is read follows RFC 9112:
+//!
+//! * the status line and header fields (§4, §5) with `httparse`, at most
+//!   `max-response-headers` fields and [`MAX_HEAD_BYTES`] bytes, else the response is
+//!   a protocol error;
+//! * interim `1xx` responses (RFC 9110 §15.2) are read and dropped; `101` is an error,
+//!   since the proxy never asks for an upgrade (it drops `Upgrade` headers);
+//! * the body length (§6.3): none for `HEAD`, `1xx`, `204` and `304`;
+//!   `Transfer-Encoding` wins over `Content-Length`, which is then removed (chunked if
+//!   that is the final coding, else read until close); differing or malformed
+//!   `Content-Length` values are an error, never guessed at; with neither, the body
+//!   runs until the pod closes;
+//! * chunked framing (§7.1), with chunk extensions ignored and trailers passed on as a
+//!   trailers frame; a malformed size line, a missing CRLF after a chunk, or an
+//!   overlong line or trailer section is an error;
+//! * persistence (§9.3): the connection goes back to the pool only if the response
+//!   was read to its end, allows keep-alive (HTTP/1.1 without `close`, HTTP/1.0 with
+//!   `keep-alive`), was not delimited by the close, and nothing followed it.
+//!
+//! The exchange borrows the request, so that a connection that turns out dead before
+//! any response (a pod that closed it while idle) leaves the request to be sent again;
+//! [`H1Error::nothing_sent`] and [`H1Error::died_before_response`] tell the cases apart
+//! for `forward.rs`.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::response::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use tokio::net::TcpStream;
+
+/// The most bytes a response head may take: what hyper's client allowed, so that pods
+/// that worked behind it keep working.
+pub(crate) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// The most bytes of a chunk-size line (extensions included).
+const MAX_CHUNK_LINE: usize = 4096;
+/// The most bytes of a chunked body's trailer section.
+const MAX_TRAILER_BYTES: usize = 64 * 1024;
+/// The most trailer fields.
+const MAX_TRAILERS: usize = 64;
+/// Header slots kept on the stack while a head is parsed (uninitialised, so free);
+/// a larger `max-response-headers` takes them from the heap.
+const STACK_HEADER_SLOTS: usize = 512;
+/// Room made in the read buffer before each read.
+const READ_SIZE: usize = 8 * 1024;
+/// The same while a long body streams.
+const BODY_READ_SIZE: usize = 32 * 1024;
+
+/// Why an exchange with a pod failed, through hyper's client or the proxy's own.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// Through hyper's client (requests with a body).
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// Through the proxy's own exchange (requests without one).
+    #[error(transparent)]
+    Native(#[from] H1Error),
+}
+
+/// Why a native exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    /// Nothing of the request was written.
+    #[error("the connection failed before any byte of the request was written: {0}")]
+    NotWritten(#[source] io::Error),
+    /// Part of the request was written.
+    #[error("writing the request failed: {0}")]
+    Write(#[source] io::Error),
+    /// The pod closed the connection without answering.
+    #[error("the connection closed before a response")]
+    ClosedBeforeResponse,
+    /// The pod closed the connection part way through the response head.
+    #[error("the connection closed in the middle of the response head")]
+    IncompleteHead,
+    /// The connection failed while the response was read.
+    #[error("reading the response failed: {0}")]
+    Read(#[source] io::Error),
+    /// The response head is not HTTP/1.x.
+    #[error("invalid response head: {0}")]
+    Parse(httparse::Error),
+    /// The response head is larger than [`MAX_HEAD_BYTES`].
+    #[error("the response head is larger than {MAX_HEAD_BYTES} bytes")]
+    HeadTooLarge,
+    /// The response head has more fields than allowed.
+    #[error("the response has more than {0} header fields")]
+    TooManyHeaders(usize),
+    /// The status code is outside 100–999.
+    #[error("invalid response status {0}")]
+    Status(u16),
+    /// A field name or value is invalid.
+    #[error("invalid response header field {0:?}")]
+    Header(String),
+    /// `Content-Length` is malformed or given twice with different values.
+    #[error("invalid or conflicting content-length")]
+    ContentLength,
+    /// `101 Switching Protocols` without an upgrade asked for.
+    #[error("101 Switching Protocols, but no upgrade was asked for")]
+    UnaskedSwitch,
+    /// The chunked framing is broken.
+    #[error("invalid chunked body: {0}")]
+    Chunked(&'static str),
+    /// The connection closed before the body's declared end.
+    #[error("the connection closed before the end of the body")]
+    BodyCut,
+}
+
+impl H1Error {
+    /// Nothing of the request reached the socket: it may go anywhere again.
+    pub(crate) fn nothing_sent(&self) -> bool {
+        matches!(self, H1Error::NotWritten(_))
+    }
+
+    /// The connection closed or was reset before a complete response head: what a pod
+    /// closing an idle connection, racing with its reuse, looks like.
+    pub(crate) fn died_before_response(&self) -> bool {
+        match self {
+            H1Error::NotWritten(_) | H1Error::ClosedBeforeResponse | H1Error::IncompleteHead => {
+                true
+            }
+            H1Error::Write(e) | H1Error::Read(e) => matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+            ),
+            _ => false,
+        }
+    }
+
+    /// The pod answered something that is not valid HTTP/1.1 (as opposed to a broken
+    /// connection).
+    pub(crate) fn is_protocol(&self) -> bool {
+        matches!(
+            self,
+            H1Error::Parse(_)
+                | H1Error::HeadTooLarge
+                | H1Error::TooManyHeaders(_)
+                | H1Error::Status(_)
+                | H1Error::Header(_)
+                | H1Error::ContentLength
+                | H1Error::UnaskedSwitch
+                | H1Error::Chunked(_)
+        )
+    }
+}
+
+/// Send `req`'s head on `stream` (its body is not sent: the caller passes only
+/// body-less requests) and read the response head. The body is read as it is polled.
+pub(crate) async fn exchange<B>(
+    stream: TcpStream,
+    req: &Request<B>,
+    max_headers: usize,
+) -> Result<Response<NativeBody>, H1Error> {
+    write_all(&stream, &encode_head(req)).await?;
+    let head_request = req.method() == Method::HEAD;
+    let mut buf = BytesMut::new();
+    loop {
+        if !buf.is_empty() {
+            if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
+                return Ok(head.into_response(stream));
+            }
+            if buf.len() >= MAX_HEAD_BYTES {
+                return Err(H1Error::HeadTooLarge);
+            }
+        }
+        let read = std::future::poll_fn(|cx| poll_fill(&stream, &mut buf, READ_SIZE, cx)).await;
+        match read {
+            Ok(0) if buf.is_empty() => return Err(H1Error::ClosedBeforeResponse),
+            Ok(0) => return Err(H1Error::IncompleteHead),
+            Ok(_) => {}
+            Err(e) => return Err(H1Error::Read(e)),
+        }
+    }
+}
+
+/// The request line and header fields, as hyper's client writes them: origin-form
+/// target, HTTP/1.1, fields in order; no `Transfer-Encoding`, since no body follows.
+fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .filter(|t| !t.is_empty())
+        .unwrap_or("/");
+    let method = req.method().as_str();
+    let fields: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let mut out = Vec::with_capacity(method.len() + target.len() + 13 + fields);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+async fn write_all(stream: &TcpStream, data: &[u8]) -> Result<(), H1Error> {
+    let mut written = 0;
+    while written < data.len() {
+        match stream.try_write(&data[written..]) {
+            Ok(0) => return Err(H1Error::Write(io::ErrorKind::WriteZero.into())),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                stream.writable().await.map_err(H1Error::Write)?;
+            }
+            Err(e) if written == 0 => return Err(H1Error::NotWritten(e)),
+            Err(e) => return Err(H1Error::Write(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Read what the socket has into `buf`, making room for `room` bytes first if it has
+/// less; `Ok(0)` is the end of the stream.
+fn poll_fill(
+    stream: &TcpStream,
+    buf: &mut BytesMut,
+    room: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < room / 4 {
+        buf.reserve(room);
+    }
+    loop {
+        match stream.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(stream.poll_read_ready(cx))?,
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
+/// A final response head, parsed.
+#[derive(Debug)]
+struct Head {
+    parts: Parts,
+    framing: Framing,
+    keep_alive: bool,
+    /// What came after the head in the same reads: the start of the body.
+    rest: Bytes,
+}
+
+impl Head {
+    fn into_response(self, stream: TcpStream) -> Response<NativeBody> {
+        let body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest);
+        Response::from_parts(self.parts, body)
+    }
+}
+
+/// Parse the response head at the start of `buf`, skipping interim responses:
+/// `None` while it is incomplete. On success `buf` is left empty (what followed the
+/// head is in [`Head::rest`]).
+fn parse_head(
+    buf: &mut BytesMut,
+    max_headers: usize,
+    head_request: bool,
+) -> Result<Option<Head>, H1Error> {
+    let max_headers = max_headers.max(1);
+    loop {
+        // Where the head ends and its status, found on the bytes as they lie; the
+        // header values are then taken from a frozen copy that they share.
+        let found = parse_response(buf, max_headers, |response, parsed| match parsed {
+            Ok(httparse::Status::Complete(len)) => {
+                Ok(Some((len, response.code.unwrap_or_default())))
+            }
+            Ok(httparse::Status::Partial) => Ok(None),
+            Err(httparse::Error::TooManyHeaders) => Err(H1Error::TooManyHeaders(max_headers)),
+            Err(e) => Err(H1Error::Parse(e)),
+        })?;
+        let Some((len, code)) = found else {
+            return Ok(None);
+        };
+        match code {
+            101 => return Err(H1Error::UnaskedSwitch),
+            100..=199 => {
+                buf.advance(len);
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let bytes = buf.split().freeze();
+        return parse_response(&bytes, max_headers, |response, parsed| match parsed {
+            Ok(httparse::Status::Complete(len)) => build_head(&bytes, response, len, head_request),
+            // The same bytes parsed complete a moment ago.
+            Ok(httparse::Status::Partial) => Err(H1Error::Parse(httparse::Error::Status)),
+            Err(e) => Err(H1Error::Parse(e)),
+        })
+        .map(Some);
+    }
+}
+
+/// Parse a response head from `bytes` into at most `max_headers` fields, and hand the
+/// result to `then`. The field slots live on the stack for this call only.
+fn parse_response<'b, R>(
+    bytes: &'b [u8],
+    max_headers: usize,
+    then: impl FnOnce(&httparse::Response<'_, 'b>, httparse::Result<usize>) -> R,
+) -> R {
+    let mut stack = [MaybeUninit::<httparse::Header<'b>>::uninit(); STACK_HEADER_SLOTS];
+    let mut heap = Vec::new();
+    let slots = if max_headers <= STACK_HEADER_SLOTS {
+        &mut stack[..max_headers]
+    } else {
+        heap.reserve_exact(max_headers);
+        &mut heap.spare_capacity_mut()[..max_headers]
+    };
+    let mut response = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        bytes,
+        slots,
+    );
+    then(&response, parsed)
+}
+
+/// The final response head of `len` bytes at the start of `bytes`, as parsed.
+fn build_head(
+    bytes: &Bytes,
+    response: &httparse::Response<'_, '_>,
+    len: usize,
+    head_request: bool,
+) -> Result<Head, H1Error> {
+    let code = response.code.unwrap_or_default();
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = StatusCode::from_u16(code).map_err(|_| H1Error::Status(code))?;
+    parts.version = match response.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    if let Some(reason) = response.reason {
+        // A reason phrase of the pod's own is passed on, as hyper's client did.
+        if Some(reason) != parts.status.canonical_reason() {
+            if let Ok(reason) =
+                hyper::ext::ReasonPhrase::try_from(bytes.slice_ref(reason.as_bytes()))
+            {
+                parts.extensions.insert(reason);
+            }
+        }
+    }
+    let mut headers = HeaderMap::with_capacity(response.headers.len());
+    for field in response.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| H1Error::Header(field.name.to_string()))?;
+        let value = HeaderValue::from_maybe_shared(bytes.slice_ref(field.value))
+            .map_err(|_| H1Error::Header(field.name.to_string()))?;
+        headers.append(name, value);
+    }
+    let (framing, delimited) = framing(&parts, &mut headers, head_request)?;
+    let keep_alive = delimited && persistent(parts.version, &headers);
+    parts.headers = headers;
+    Ok(Head {
+        parts,
+        framing,
+        keep_alive,
+        rest: bytes.slice(len..),
+    })
+}
+
+/// How the body's end is found (RFC 9112 §6.3), and whether it is found without the
+/// connection closing.
+fn framing(
+    parts: &Parts,
+    headers: &mut HeaderMap,
+    head_request: bool,
+) -> Result<(Framing, bool), H1Error> {
+    let status = parts.status;
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Framing::Length(0), true));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        // Transfer-Encoding wins, and a length beside it must not reach the client.
+        headers.remove(CONTENT_LENGTH);
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim);
+        let chunked = last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+        // Chunked framing is HTTP/1.1's; in an HTTP/1.0 message it is faulty and only
+        // the close ends the body.
+        return Ok(if chunked && parts.version == Version::HTTP_11 {
+            (Framing::Chunked(Chunked::Size), true)
+        } else {
+            (Framing::UntilClose, false)
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let n = parse_length(item.trim_ascii()).ok_or(H1Error::ContentLength)?;
+            if length.is_some_and(|seen| seen != n) {
+                return Err(H1Error::ContentLength);
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), true),
+        None => (Framing::UntilClose, false),
+    })
+}
+
+/// A decimal length: digits only, no sign, no overflow.
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .flatten()
+    })
+}
+
+/// Whether the pod lets the connection be reused (RFC 9112 §9.3).
+fn persistent(version: Version, headers: &HeaderMap) -> bool {
+    let (mut close, mut keep_alive) = (false, false);
+    for value in headers.get_all(CONNECTION) {
+        for token in value.as_bytes().split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            close |= token.eq_ignore_ascii_case(b"close");
+            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+    !close && (version == Version::HTTP_11 || keep_alive)
+}
+
+/// Where in the body the reader is.
+#[derive(Debug)]
+enum Framing {
+    /// This many bytes are still to come.
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything until the pod closes the connection.
+    UntilClose,
+    /// Read to its end, or broken off (then `NativeBody::complete` is false).
+    Done,
+}
+
+/// Where in a chunked body the decoder is (RFC 9112 §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunked {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes still to come.
+    Data(u64),
+    /// At the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: the trailer section and the final CRLF.
+    Trailers,
+}
+
+/// What one step of the chunked decoder found.
+#[derive(Debug)]
+enum Decoded {
+    Data(Bytes),
+    /// The body ended, with these trailer fields (maybe none).
+    End(HeaderMap),
+}
+
+/// Decode the next piece of a chunked body from the front of `buf`: `None` when more
+/// bytes are needed.
+fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Decoded>, H1Error> {
+    loop {
+        match *state {
+            Chunked::Size => {
+                let Some(&first) = buf.first() else {
+                    return Ok(None);
+                };
+                // httparse would read an empty size as 0, the end of the body.
+                if !first.is_ascii_hexdigit() {
+                    return Err(H1Error::Chunked("invalid chunk size"));
+                }
+                match httparse::parse_chunk_size(buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        buf.advance(used);
+                        *state = if size == 0 {
+                            Chunked::Trailers
+                        } else {
+                            Chunked::Data(size)
+                        };
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() <= MAX_CHUNK_LINE => {
+                        return Ok(None)
+                    }
+                    Ok(httparse::Status::Partial) => {
+                        return Err(H1Error::Chunked("chunk size line too long"))
+                    }
+                    Err(_) => return Err(H1Error::Chunked("invalid chunk size line")),
+                }
+            }
+            Chunked::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = usize::try_from(left).map_or(buf.len(), |left| left.min(buf.len()));
+                let data = buf.split_to(take).freeze();
+                let left = left - take as u64;
+                *state = if left == 0 {
+                    Chunked::DataEnd
+                } else {
+                    Chunked::Data(left)
+                };
+                return Ok(Some(Decoded::Data(data)));
+            }
+            Chunked::DataEnd => {
+                let end = &buf[..buf.len().min(2)];
+                if !b"\r\n".starts_with(end) {
+                    return Err(H1Error::Chunked("no CRLF after chunk data"));
+                }
+                if end.len() < 2 {
+                    return Ok(None);
+                }
+                buf.advance(2);
+                *state = Chunked::Size;
+            }
+            Chunked::Trailers => {
+                let start = &buf[..buf.len().min(2)];
+                if start == b"\r\n" {
+                    buf.advance(2);
+                    return Ok(Some(Decoded::End(HeaderMap::new())));
+                }
+                let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    if buf.len() > MAX_TRAILER_BYTES {
+                        return Err(H1Error::Chunked("trailer section too long"));
+                    }
+                    return Ok(None);
+                };
+                let section = buf.split_to(end + 4).freeze();
+                return parse_trailers(&section).map(|t| Some(Decoded::End(t)));
+            }
+        }
+    }
+}
+
+/// The trailer fields of a complete trailer section (with its final empty line).
+fn parse_trailers(section: &Bytes) -> Result<HeaderMap, H1Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_TRAILERS];
+    let fields = match httparse::parse_headers(section, &mut slots) {
+        Ok(httparse::Status::Complete((_, fields))) => fields,
+        _ => return Err(H1Error::Chunked("invalid trailer section")),
+    };
+    let mut trailers = HeaderMap::with_capacity(fields.len());
+    for field in fields.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| H1Error::Chunked("invalid trailer field"))?;
+        let value = HeaderValue::from_maybe_shared(section.slice_ref(field.value))
+            .map_err(|_| H1Error::Chunked("invalid trailer field"))?;
+        trailers.append(name, value);
+    }
+    Ok(trailers)
+}
+
+/// A pod's response body, read from its connection as it is polled.
+#[derive(Debug)]
+pub(crate) struct NativeBody {
+    /// The connection, until the body is done and it is [taken back](Self::reusable).
+    stream: Option<TcpStream>,
+    /// Body bytes that came with the head.
+    early: Bytes,
+    /// Bytes read since.
+    buf: BytesMut,
+    framing: Framing,
+    keep_alive: bool,
+    /// Whether the body was read to its end (not broken off).
+    complete: bool,
+}
+
+impl NativeBody {
+    fn new(stream: TcpStream, framing: Framing, keep_alive: bool, early: Bytes) -> Self {
+        let mut body = Self {
+            stream: Some(stream),
+            early,
+            buf: BytesMut::new(),
+            framing,
+            keep_alive,
+            complete: false,
+        };
+        match body.framing {
+            Framing::Length(0) => body.finish(),
+            // The chunked decoder works on one buffer.
+            Framing::Chunked(_) if !body.early.is_empty() => {
+                body.buf = BytesMut::from(&body.early[..]);
+                body.early = Bytes::new();
+            }
+            _ => {}
+        }
+        body
+    }
+
+    fn finish(&mut self) {
+        self.framing = Framing::Done;
+        self.complete = true;
+    }
+
+    fn fail(&mut self, error: H1Error) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        self.framing = Framing::Done;
+        self.complete = false;
+        self.stream = None;
+        Poll::Ready(Some(Err(error)))
+    }
+
+    /// The connection, if the response was read to its end and the connection may
+    /// carry another request (module docs); it stays with the body otherwise.
+    pub(crate) fn reusable(&mut self) -> Option<TcpStream> {
+        let clean = self.complete && self.keep_alive && self.early.is_empty();
+        if clean && self.buf.is_empty() {
+            self.stream.take()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done)
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(left) => SizeHint::with_exact(left),
+            Framing::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+
+    pub(crate) fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        loop {
+            match &mut self.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(left) => {
+                    let left = *left;
+                    let data = if !self.early.is_empty() {
+                        let take = usize::try_from(left)
+                            .map_or(self.early.len(), |l| l.min(self.early.len()));
+                        self.early.split_to(take)
+                    } else if !self.buf.is_empty() {
+                        let take =
+                            usize::try_from(left).map_or(self.buf.len(), |l| l.min(self.buf.len()));
+                        self.buf.split_to(take).freeze()
+                    } else {
+                        match ready!(self.poll_read(cx)) {
+                            Ok(0) => return self.fail(H1Error::BodyCut),
+                            Ok(_) => continue,
+                            Err(e) => return self.fail(H1Error::Read(e)),
+                        }
+                    };
+                    let left = left - data.len() as u64;
+                    if left == 0 {
+                        self.finish();
+                    } else {
+                        self.framing = Framing::Length(left);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Framing::UntilClose => {
+                    if !self.early.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut self.early)))));
+                    }
+                    if !self.buf.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))));
+                    }
+                    match ready!(self.poll_read(cx)) {
+                        Ok(0) => {
+                            // The close ends the body; the connection is done too.
+                            self.finish();
+                            self.stream = None;
+                            return Poll::Ready(None);
+                        }
+                        Ok(_) => continue,
+                        Err(e) => return self.fail(H1Error::Read(e)),
+                    }
+                }
+                Framing::Chunked(state) => match decode_chunked(state, &mut self.buf) {
+                    Ok(Some(Decoded::Data(data))) => {
+                        return Poll::Ready(Some(Ok(Frame::data(data))))
+                    }
+                    Ok(Some(Decoded::End(trailers))) => {
+                        self.finish();
+                        if trailers.is_empty() {
+                            return Poll::Ready(None);
+                        }
+                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                    }
+                    Ok(None) => match ready!(self.poll_read(cx)) {
+                        Ok(0) => return self.fail(H1Error::BodyCut),
+                        Ok(_) => {}
+                        Err(e) => return self.fail(H1Error::Read(e)),
+                    },
+                    Err(e) => return self.fail(e),
+                },
+            }
+        }
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        match &self.stream {
+            Some(stream) => poll_fill(stream, &mut self.buf, BODY_READ_SIZE, cx),
+            None => Poll::Ready(Ok(0)),
+        }
+    }
+}
+
+/// For the fuzz tests: parse `input` as what a pod sends back after a request (`HEAD`
+/// if `head_request`), then decode its body as far as `input` goes. Returns whether a
+/// response head was found, and the body bytes decoded; never panics.
+#[doc(hidden)]
+pub fn decode_for_fuzzing(input: &[u8], head_request: bool, max_headers: usize) -> (bool, usize) {
+    let mut buf = BytesMut::from(input);
+    let Ok(Some(head)) = parse_head(&mut buf, max_headers, head_request) else {
+        return (false, 0);
+    };
+    let mut decoded = 0;
+    match head.framing {
+        Framing::Length(n) => {
+            decoded = head
+                .rest
+                .len()
+                .min(usize::try_from(n).unwrap_or(usize::MAX))
+        }
+        Framing::UntilClose => decoded = head.rest.len(),
+        Framing::Chunked(mut state) => {
+            let mut buf = BytesMut::from(&head.rest[..]);
+            while let Ok(Some(piece)) = decode_chunked(&mut state, &mut buf) {
+                match piece {
+                    Decoded::Data(data) => decoded += data.len(),
+                    Decoded::End(_) => break,
+                }
+            }
+        }
+        Framing::Done => {}
+    }
+    (true, decoded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &[u8]) -> Result<Option<Head>, H1Error> {
+        parse_head(&mut BytesMut::from(text), 100, false)
+    }
+
+    /// Decode a whole chunked body fed in pieces of `step` bytes.
+    fn dechunk(input: &[u8], step: usize) -> Result<(Vec<u8>, HeaderMap), H1Error> {
+        let mut state = Chunked::Size;
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in input.chunks(step.max(1)) {
+            buf.extend_from_slice(piece);
+            while let Some(decoded) = decode_chunked(&mut state, &mut buf)? {
+                match decoded {
+                    Decoded::Data(data) => out.extend_from_slice(&data),
+                    Decoded::End(trailers) => {
+                        assert!(buf.is_empty(), "bytes after the body: {buf:?}");
+                        return Ok((out, trailers));
+                    }
+                }
+            }
+        }
+        Err(H1Error::BodyCut)
+    }
+
+    #[test]
+    fn a_head_with_its_fields_and_the_start_of_the_body() {
+        let parsed = head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhel")
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.parts.status, StatusCode::OK);
+        assert_eq!(parsed.parts.version, Version::HTTP_11);
+        let values: Vec<_> = parsed.parts.headers.get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        assert!(matches!(parsed.framing, Framing::Length(5)));
+        assert!(parsed.keep_alive);
+        assert_eq!(&parsed.rest[..], b"hel");
+        assert!(parsed
+            .parts
+            .extensions
+            .get::<hyper::ext::ReasonPhrase>()
+            .is_none());
+    }
+
+    #[test]
+    fn an_incomplete_head_waits_and_interim_responses_are_skipped() {
+        assert!(head(b"HTTP/1.1 200 OK\r\nContent-Le").unwrap().is_none());
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"[..],
+        );
+        assert!(parse_head(&mut buf, 100, false).unwrap().is_none());
+        assert!(buf.is_empty(), "interim heads are consumed");
+        buf.extend_from_slice(b"HTTP/1.1 204 No Content\r\n\r\n");
+        let parsed = parse_head(&mut buf, 100, false).unwrap().unwrap();
+        assert_eq!(parsed.parts.status, StatusCode::NO_CONTENT);
+        assert!(matches!(parsed.framing, Framing::Length(0)));
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112_section_6_3() {
+        let framing_of = |text: &[u8], head_request: bool| {
+            parse_head(&mut BytesMut::from(text), 100, head_request)
+                .map(|h| h.map(|h| (h.framing, h.keep_alive, h.parts.headers)))
+        };
+        let (f, keep, _) = framing_of(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(f, Framing::Length(0)) && keep, "HEAD has no body");
+        for status in ["204 No Content", "304 Not Modified"] {
+            let text = format!("HTTP/1.1 {status}\r\ncontent-length: 9\r\n\r\n");
+            let (f, _, _) = framing_of(text.as_bytes(), false).unwrap().unwrap();
+            assert!(matches!(f, Framing::Length(0)), "{status}");
+        }
+        let (f, keep, headers) = framing_of(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(f, Framing::Chunked(Chunked::Size)) && keep);
+        assert!(
+            !headers.contains_key(CONTENT_LENGTH),
+            "the length beside it is dropped"
+        );
+        let (f, keep, _) = framing_of(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(
+            matches!(f, Framing::UntilClose) && !keep,
+            "not chunked last"
+        );
+        let (f, keep, _) = framing_of(
+            b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(
+            matches!(f, Framing::UntilClose) && !keep,
+            "chunked in HTTP/1.0"
+        );
+        let (f, keep, _) = framing_of(b"HTTP/1.1 200 OK\r\n\r\n", false)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(f, Framing::UntilClose) && !keep);
+        let (f, _, _) = framing_of(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 7, 7\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(f, Framing::Length(7)), "repeated equal lengths");
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+        ] {
+            assert!(
+                matches!(framing_of(bad, false), Err(H1Error::ContentLength)),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn persistence_follows_the_version_and_connection_options() {
+        let keep = |text: &[u8]| head(text).unwrap().unwrap().keep_alive;
+        assert!(keep(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0\r\n\r\n"
+        ));
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nconnection: x, close\r\ncontent-length: 0\r\n\r\n"
+        ));
+        assert!(!keep(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(keep(
+            b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn bad_heads_are_errors_of_their_own_kind() {
+        assert!(matches!(
+            head(b"HTTP/1.1 101 Switching Protocols\r\n\r\n"),
+            Err(H1Error::UnaskedSwitch)
+        ));
+        assert!(matches!(head(b"garbage\r\n\r\n"), Err(H1Error::Parse(_))));
+        assert!(matches!(
+            head(b"HTTP/1.1 099 Low\r\n\r\n"),
+            Err(H1Error::Status(99))
+        ));
+        let many: String = (0..101).map(|i| format!("x-{i}: v\r\n")).collect();
+        let text = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert!(matches!(
+            head(text.as_bytes()),
+            Err(H1Error::TooManyHeaders(100))
+        ));
+        // Beyond the stack's slots the heap's are used.
+        let mut buf = BytesMut::from(text.as_bytes());
+        assert!(parse_head(&mut buf, STACK_HEADER_SLOTS + 1, false)
+            .unwrap()
+            .is_some());
+        for error in [
+            H1Error::UnaskedSwitch,
+            H1Error::ContentLength,
+            H1Error::Chunked("x"),
+            H1Error::TooManyHeaders(1),
+        ] {
+            assert!(
+                error.is_protocol() && !error.died_before_response(),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reason_phrase_of_the_pods_own_is_kept() {
+        let parsed = head(b"HTTP/1.1 200 Fine Thanks\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let reason = parsed
+            .parts
+            .extensions
+            .get::<hyper::ext::ReasonPhrase>()
+            .unwrap();
+        assert_eq!(reason.as_bytes(), b"Fine Thanks");
+    }
+
+    #[test]
+    fn header_values_share_the_read_buffer_and_keep_obs_text() {
+        let mut text =
+            b"HTTP/1.1 200 OK\r\nx-raw: caf\xe9\r\nx-empty:\r\ncontent-length: 0\r\n\r\n".to_vec();
+        let parsed = parse_head(&mut BytesMut::from(&text[..]), 10, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.parts.headers["x-raw"].as_bytes(), b"caf\xe9");
+        assert_eq!(parsed.parts.headers["x-empty"].as_bytes(), b"");
+        text[0] = b'X';
+    }
+
+    #[test]
+    fn chunked_bodies_decode_exactly_however_they_are_split() {
+        let body = b"5;name=value\r\nhello\r\n1 ; x\r\n,\r\nB\r\n 0123456789\r\n0\r\nx-sum: 42\r\nx-b: 1\r\n\r\n";
+        for step in 1..body.len() {
+            let (data, trailers) = dechunk(body, step).unwrap();
+            assert_eq!(data, b"hello, 0123456789", "step {step}");
+            assert_eq!(trailers["x-sum"], "42");
+            assert_eq!(trailers.len(), 2);
+        }
+        let (data, trailers) = dechunk(b"3\r\nabc\r\n0\r\n\r\n", 2).unwrap();
+        assert_eq!(data, b"abc");
+        assert!(trailers.is_empty());
+    }
+
+    #[test]
+    fn broken_chunked_framing_is_an_error_not_a_guess() {
+        for bad in [
+            &b"zz\r\nabc\r\n0\r\n\r\n"[..],
+            b"\r\n",
+            b"3\r\nabcX\r\n0\r\n\r\n",
+            b"3\nabc\r\n0\r\n\r\n",
+            b"-3\r\nabc\r\n0\r\n\r\n",
+            b"10000000000000000\r\n",
+            b"0\r\nbad trailer\r\n\r\n",
+        ] {
+            assert!(
+                matches!(dechunk(bad, 64), Err(H1Error::Chunked(_))),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long_line = [b"1;".as_slice(), &[b'x'; MAX_CHUNK_LINE]].concat();
+        assert!(matches!(dechunk(&long_line, 64), Err(H1Error::Chunked(_))));
+        let long_trailer = [b"0\r\nx: ".as_slice(), &[b'y'; MAX_TRAILER_BYTES]].concat();
+        assert!(matches!(
+            dechunk(&long_trailer, 4096),
+            Err(H1Error::Chunked(_))
+        ));
+    }
+
+    #[test]
+    fn the_request_head_is_written_as_hyper_would() {
+        let req = Request::builder()
+            .method(Method::DELETE)
+            .uri("/a/b?c=d")
+            .header("host", "api")
+            .header("x-a", "1")
+            .header("transfer-encoding", "chunked")
+            .header("x-a", "2")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            encode_head(&req),
+            b"DELETE /a/b?c=d HTTP/1.1\r\nhost: api\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
+        );
+        let star = Request::builder()
+            .method(Method::OPTIONS)
+            .uri("*")
+            .body(())
+            .unwrap();
+        assert_eq!(encode_head(&star), b"OPTIONS * HTTP/1.1\r\n\r\n");
+    }
+
+    #[test]
+    fn died_before_response_covers_the_idle_close_race_only() {
+        assert!(H1Error::ClosedBeforeResponse.died_before_response());
+        assert!(H1Error::IncompleteHead.died_before_response());
+        assert!(H1Error::Read(io::ErrorKind::ConnectionReset.into()).died_before_response());
+        assert!(!H1Error::Read(io::ErrorKind::TimedOut.into()).died_before_response());
+        assert!(!H1Error::BodyCut.died_before_response());
+        assert!(H1Error::NotWritten(io::ErrorKind::BrokenPipe.into()).nothing_sent());
+        assert!(!H1Error::Write(io::ErrorKind::BrokenPipe.into()).nothing_sent());
+    }
+}
