@@ -44,6 +44,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// The most bytes a response head may take: what hyper's client allowed, so that pods
@@ -172,16 +173,19 @@ pub(crate) async fn exchange<B>(
     write_all(&stream, &encode_head(req)).await?;
     let head_request = req.method() == Method::HEAD;
     let mut buf = BytesMut::new();
+    let mut drained = false;
     loop {
         if !buf.is_empty() {
             if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
-                return Ok(head.into_response(stream));
+                return Ok(head.into_response(stream, drained));
             }
             if buf.len() >= MAX_HEAD_BYTES {
                 return Err(H1Error::HeadTooLarge);
             }
         }
-        let read = std::future::poll_fn(|cx| poll_fill(&stream, &mut buf, READ_SIZE, cx)).await;
+        let read =
+            std::future::poll_fn(|cx| poll_fill(&stream, &mut buf, READ_SIZE, &mut drained, cx))
+                .await;
         match read {
             Ok(0) if buf.is_empty() => return Err(H1Error::ClosedBeforeResponse),
             Ok(0) => return Err(H1Error::IncompleteHead),
@@ -241,22 +245,41 @@ async fn write_all(stream: &TcpStream, data: &[u8]) -> Result<(), H1Error> {
 }
 
 /// Read what the socket has into `buf`, making room for `room` bytes first if it has
-/// less; `Ok(0)` is the end of the stream.
+/// less; `Ok(0)` is the end of the stream. `drained` tells whether the read took less
+/// than there was room for, i.e. emptied the socket's receive queue.
 fn poll_fill(
     stream: &TcpStream,
     buf: &mut BytesMut,
     room: usize,
+    drained: &mut bool,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
     if buf.capacity() - buf.len() < room / 4 {
         buf.reserve(room);
     }
+    let space = buf.capacity() - buf.len();
     loop {
         match stream.try_read_buf(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(stream.poll_read_ready(cx))?,
-            done => return Poll::Ready(done),
+            Ok(n) => {
+                *drained = n < space;
+                return Poll::Ready(Ok(n));
+            }
+            Err(e) => return Poll::Ready(Err(e)),
         }
     }
+}
+
+/// Forget that `stream` was readable, without a system call, when its last read
+/// emptied its receive queue. tokio keeps a socket readable until a read finds it
+/// empty, so the pool's check for a pod's close (a read that must say "would block")
+/// would otherwise cost a system call on every reuse. Anything the pod sends later
+/// (a close, stray bytes) arrives as a new readiness event, and a close already seen
+/// is kept (tokio never clears it).
+fn forget_readable(stream: &TcpStream) {
+    let _ = stream.try_io(Interest::READABLE, || {
+        Err::<(), _>(io::ErrorKind::WouldBlock.into())
+    });
 }
 
 /// A final response head, parsed.
@@ -270,8 +293,8 @@ struct Head {
 }
 
 impl Head {
-    fn into_response(self, stream: TcpStream) -> Response<NativeBody> {
-        let body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest);
+    fn into_response(self, stream: TcpStream, drained: bool) -> Response<NativeBody> {
+        let body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest, drained);
         Response::from_parts(self.parts, body)
     }
 }
@@ -602,10 +625,18 @@ pub(crate) struct NativeBody {
     keep_alive: bool,
     /// Whether the body was read to its end (not broken off).
     complete: bool,
+    /// Whether the last read emptied the socket's receive queue (see `poll_fill`).
+    drained: bool,
 }
 
 impl NativeBody {
-    fn new(stream: TcpStream, framing: Framing, keep_alive: bool, early: Bytes) -> Self {
+    fn new(
+        stream: TcpStream,
+        framing: Framing,
+        keep_alive: bool,
+        early: Bytes,
+        drained: bool,
+    ) -> Self {
         let mut body = Self {
             stream: Some(stream),
             early,
@@ -613,6 +644,7 @@ impl NativeBody {
             framing,
             keep_alive,
             complete: false,
+            drained,
         };
         match body.framing {
             Framing::Length(0) => body.finish(),
@@ -642,11 +674,14 @@ impl NativeBody {
     /// carry another request (module docs); it stays with the body otherwise.
     pub(crate) fn reusable(&mut self) -> Option<TcpStream> {
         let clean = self.complete && self.keep_alive && self.early.is_empty();
-        if clean && self.buf.is_empty() {
-            self.stream.take()
-        } else {
-            None
+        if !clean || !self.buf.is_empty() {
+            return None;
         }
+        let stream = self.stream.take()?;
+        if self.drained {
+            forget_readable(&stream);
+        }
+        Some(stream)
     }
 
     pub(crate) fn is_end_stream(&self) -> bool {
@@ -735,7 +770,7 @@ impl NativeBody {
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         match &self.stream {
-            Some(stream) => poll_fill(stream, &mut self.buf, BODY_READ_SIZE, cx),
+            Some(stream) => poll_fill(stream, &mut self.buf, BODY_READ_SIZE, &mut self.drained, cx),
             None => Poll::Ready(Ok(0)),
         }
     }
@@ -1045,6 +1080,62 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(encode_head(&star), b"OPTIONS * HTTP/1.1\r\n\r\n");
+    }
+
+    /// A pod on loopback that answers the first request with `answer`, then, when told,
+    /// sends `later` and closes.
+    async fn pod(
+        answer: &'static [u8],
+        later: &'static [u8],
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (go, wait) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 1024];
+            let _ = socket.read(&mut request).await.unwrap();
+            socket.write_all(answer).await.unwrap();
+            let _ = wait.await;
+            socket.write_all(later).await.unwrap();
+        });
+        (addr, go)
+    }
+
+    /// Whether the socket shows a close or unasked bytes within a second, read as the
+    /// pool reads it (`Held::is_closed`).
+    async fn shows_activity(stream: &TcpStream) -> bool {
+        for _ in 0..100 {
+            match stream.try_read(&mut [0; 1]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                }
+                _ => return true,
+            }
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_reusable_socket_is_quiet_and_still_shows_what_the_pod_does_later() {
+        for later in [&b""[..], b"HTTP/1.1 200 OK\r\n\r\n"] {
+            let (addr, go) = pod(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi", later).await;
+            let stream = TcpStream::connect(addr).await.unwrap();
+            let req = Request::builder().uri("/").body(()).unwrap();
+            let mut body = exchange(stream, &req, 10).await.unwrap().into_body();
+            let frame = std::future::poll_fn(|cx| body.poll_frame(cx)).await;
+            assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "hi");
+            assert!(body.is_end_stream());
+            let stream = body.reusable().expect("a complete keep-alive response");
+            // Quiet now: the pool's check finds nothing to read.
+            assert!(
+                matches!(stream.try_read(&mut [0; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            );
+            // What the pod does after the readiness was forgotten is still seen.
+            go.send(()).unwrap();
+            assert!(shows_activity(&stream).await, "later {later:?} went unseen");
+        }
     }
 
     #[test]
