@@ -1,0 +1,1287 @@
+//! How the proxy reads what pods send back over HTTP/1.1: the behaviour any upstream
+//! HTTP/1 client of the proxy must keep. Each pod is a raw socket written for the test
+//! that sends exact bytes, in pieces and with pauses where it matters; a raw client
+//! writes requests to the real `proxima` binary on a keep-alive connection and reads the
+//! answers as RFC 9112 §6.3 frames them. Checked: exact status and body bytes, and
+//! whether the pod's connection was used again for the next request (each pod numbers
+//! the connections it accepted; the proxy runs one worker thread, whose pooled
+//! connections are the ones its requests take).
+//!
+//! Needs the binary: `cargo build -p proxima` first.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[path = "support/binary.rs"]
+mod binary;
+#[path = "support/raw.rs"]
+mod raw;
+
+use binary::*;
+use raw::*;
+
+/// Pause between the pieces of a response written in parts.
+const PAUSE: Duration = Duration::from_millis(15);
+
+// ---- the pods and the proxy ----
+
+/// A raw pod whose answers to clients' requests are `answer`'s; the proxy's probes
+/// get a plain `200`.
+async fn pod<F>(answer: F) -> RawPod
+where
+    F: Fn(&Head) -> Script + Send + Sync + 'static,
+{
+    scripted_backend(None, move |head, _| {
+        if head.is_probe() {
+            Script::send(ok("probe", ""))
+        } else {
+            answer(head)
+        }
+    })
+    .await
+}
+
+/// The proxy, on one worker thread, in front of `pods` (a service each, named as given).
+async fn proxy(dir: &TempDir, pods: &[(&str, &RawPod)], flags: &[&str]) -> Proxima {
+    let services: Vec<(&str, SocketAddr)> = pods.iter().map(|(name, p)| (*name, p.addr)).collect();
+    let mut all = vec!["--workers", "1"];
+    all.extend_from_slice(flags);
+    start(dir, &services, &all).await
+}
+
+/// Wait until the proxy holds at least one idle pod connection: the connection of the
+/// last exchange (`what`) is back in the pool, so that a next request may take it.
+async fn pooled(proxima: &Proxima, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = admin_text(proxima.admin, "/metrics").await;
+        if metric(&metrics, "proxima_upstream_idle_connections ") >= 1.0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after {what}: the pod connection was not kept for reuse"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Give the proxy the time to act on what it read (pool a connection it should not
+/// keep, notice bytes that came after an answer) before the next request.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// `HTTP/1.1 200 OK` with `body`, framed by content-length, with no body to a HEAD.
+fn sized(head: &Head, body: &[u8]) -> Vec<u8> {
+    let mut bytes =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    if head.method() != "HEAD" {
+        bytes.extend_from_slice(body);
+    }
+    bytes
+}
+
+/// `len` pseudo-random bytes, the same every time (xorshift): a piece lost, repeated
+/// or moved shows.
+fn pattern(len: usize) -> Vec<u8> {
+    let mut state: u32 = 0x9e37_79b9;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+// ---- the client ----
+
+/// One answer the client read.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// Status line and header lines, as sent (no final empty line).
+    head: Vec<u8>,
+    /// Statuses of interim (1xx) answers read before this one.
+    interim: Vec<u16>,
+    body: Vec<u8>,
+    /// Whether the body ended as its framing says (declared length reached, last chunk
+    /// read); false when the connection closed first.
+    complete: bool,
+}
+
+impl Answer {
+    /// The value of the first header `name`, as raw bytes, without surrounding blanks.
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|&b| b == b':')?;
+            let (n, v) = (&line[..colon], &line[colon + 1..]);
+            if !n.eq_ignore_ascii_case(name.as_bytes()) {
+                return None;
+            }
+            let start = v
+                .iter()
+                .position(|b| !b" \t".contains(b))
+                .unwrap_or(v.len());
+            let end = v
+                .iter()
+                .rposition(|b| !b" \t".contains(b))
+                .map_or(start, |e| e + 1);
+            Some(&v[start..end.max(start)])
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    /// `502` with the proxy's JSON error body.
+    fn assert_bad_gateway(&self, what: &str) {
+        assert_eq!(self.status, 502, "{what}: {}", self.describe());
+        assert!(self.complete, "{what}: {}", self.describe());
+        let json = self.json();
+        assert_eq!(json["error"], "upstream error", "{what}: {json}");
+        assert!(
+            json["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{what}: {json}"
+        );
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} {:?} (interim {:?}, complete {}): {:?}",
+            self.status,
+            String::from_utf8_lossy(&self.head),
+            self.interim,
+            self.complete,
+            String::from_utf8_lossy(&self.body[..self.body.len().min(300)])
+        )
+    }
+}
+
+/// A chunked body read so far.
+enum Chunked {
+    /// The last chunk and the trailer section were read: the body, and the bytes used.
+    Done(Vec<u8>, usize),
+    /// The body decoded so far (a chunk begun counts in part).
+    Partial(Vec<u8>),
+}
+
+/// Decode a chunked body at the start of `data` (RFC 9112 §7.1).
+fn parse_chunked(data: &[u8]) -> Chunked {
+    let mut body = Vec::new();
+    let mut at = 0;
+    let line = |from: usize| {
+        data[from..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|p| (from + p, from + p + 2))
+    };
+    loop {
+        let Some((end, next)) = line(at) else {
+            return Chunked::Partial(body);
+        };
+        let size_text = String::from_utf8_lossy(&data[at..end]);
+        let size_text = size_text.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .unwrap_or_else(|_| panic!("the proxy sent a bad chunk size line {size_text:?}"));
+        at = next;
+        if size == 0 {
+            // Trailer lines, up to an empty one.
+            loop {
+                let Some((end, next)) = line(at) else {
+                    return Chunked::Partial(body);
+                };
+                let empty = end == at;
+                at = next;
+                if empty {
+                    return Chunked::Done(body, at);
+                }
+            }
+        }
+        if data.len() < at + size + 2 {
+            body.extend_from_slice(&data[at..data.len().min(at + size)]);
+            return Chunked::Partial(body);
+        }
+        body.extend_from_slice(&data[at..at + size]);
+        assert_eq!(
+            &data[at + size..at + size + 2],
+            b"\r\n",
+            "chunk not ended by CRLF"
+        );
+        at += size + 2;
+    }
+}
+
+/// A keep-alive client connection to the proxy.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    eof: bool,
+}
+
+impl Conn {
+    async fn open(proxy: SocketAddr) -> Self {
+        Self {
+            stream: TcpStream::connect(proxy).await.unwrap(),
+            buf: Vec::new(),
+            eof: false,
+        }
+    }
+
+    /// Write a body-less request (a POST says `content-length: 0`).
+    async fn send(&mut self, method: &str, service: &str, path: &str) {
+        let mut text = format!("{method} {path} HTTP/1.1\r\nhost: {service}\r\n");
+        if method == "POST" {
+            text.push_str("content-length: 0\r\n");
+        }
+        text.push_str("\r\n");
+        self.stream.write_all(text.as_bytes()).await.unwrap();
+    }
+
+    /// Read more bytes; false once the proxy closed (or reset) the connection.
+    async fn fill(&mut self) -> bool {
+        if self.eof {
+            return false;
+        }
+        let mut chunk = vec![0u8; 1 << 16];
+        let read = tokio::time::timeout(PATIENCE, self.stream.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| panic!("nothing from the proxy within {PATIENCE:?}"));
+        match read {
+            Ok(0) | Err(_) => {
+                self.eof = true;
+                false
+            }
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// Read the answer to a `method` request, interim answers first; `None` when the
+    /// proxy closed the connection before a whole head.
+    async fn answer(&mut self, method: &str) -> Option<Answer> {
+        let mut interim = Vec::new();
+        loop {
+            let at = loop {
+                if let Some(at) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at;
+                }
+                if !self.fill().await {
+                    return None;
+                }
+            };
+            let head: Vec<u8> = self.buf.drain(..at + 4).take(at).collect();
+            let status_line = String::from_utf8_lossy(&head);
+            let status: u16 = status_line
+                .strip_prefix("HTTP/1.1 ")
+                .and_then(|rest| rest.get(..3))
+                .and_then(|code| code.parse().ok())
+                .unwrap_or_else(|| panic!("not an HTTP/1.1 answer: {status_line:?}"));
+            if (100..200).contains(&status) {
+                interim.push(status);
+                continue;
+            }
+            let mut answer = Answer {
+                status,
+                head,
+                interim,
+                body: Vec::new(),
+                complete: true,
+            };
+            if method == "HEAD" || status == 204 || status == 304 {
+                return Some(answer);
+            }
+            let chunked = answer
+                .header("transfer-encoding")
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"chunked"));
+            let length = answer.header("content-length").map(|v| {
+                String::from_utf8_lossy(v)
+                    .parse::<usize>()
+                    .unwrap_or_else(|_| panic!("the proxy sent a bad content-length: {v:?}"))
+            });
+            if chunked {
+                loop {
+                    match parse_chunked(&self.buf) {
+                        Chunked::Done(body, used) => {
+                            answer.body = body;
+                            self.buf.drain(..used);
+                            return Some(answer);
+                        }
+                        Chunked::Partial(body) => {
+                            if !self.fill().await {
+                                answer.body = body;
+                                answer.complete = false;
+                                self.buf.clear();
+                                return Some(answer);
+                            }
+                        }
+                    }
+                }
+            } else if let Some(length) = length {
+                while self.buf.len() < length && self.fill().await {}
+                let got = length.min(self.buf.len());
+                answer.body = self.buf.drain(..got).collect();
+                answer.complete = got == length;
+            } else {
+                // Delimited by the close of the connection.
+                while self.fill().await {}
+                answer.body = std::mem::take(&mut self.buf);
+            }
+            return Some(answer);
+        }
+    }
+
+    async fn request(&mut self, method: &str, service: &str, path: &str) -> Answer {
+        self.send(method, service, path).await;
+        self.answer(method).await.unwrap_or_else(|| {
+            panic!("{method} {path} to {service}: the proxy closed without an answer")
+        })
+    }
+
+    /// Whether the proxy closes the connection, sending nothing more, within
+    /// [`PATIENCE`].
+    async fn closes(&mut self) -> bool {
+        while self.fill().await {}
+        self.buf.is_empty()
+    }
+}
+
+// ---- 1. content-length bodies ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_bodies_arrive_whole_in_pieces_and_empty_on_one_connection() {
+    let dir = TempDir::new("framing-length");
+    let pod = pod(|head| match head.path() {
+        "/whole" => Script::send(sized(head, b"hello world")),
+        "/pieces" => {
+            let full = sized(head, b"abcdefghij0123456789ABCDEFGHIJ");
+            if head.method() == "HEAD" {
+                return Script::pieces([&full[..10], &full[10..]], PAUSE);
+            }
+            // Head split inside a header line; body in three parts.
+            let body_at = full.len() - 30;
+            Script::pieces(
+                [
+                    &full[..20],
+                    &full[20..body_at],
+                    &full[body_at..body_at + 7],
+                    &full[body_at + 7..body_at + 21],
+                    &full[body_at + 21..],
+                ],
+                PAUSE,
+            )
+        }
+        "/empty" => Script::send(sized(head, b"")),
+        _ => Script::send(ok("other", "")),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let cases: [(&str, &str, &[u8]); 8] = [
+        ("GET", "/whole", b"hello world"),
+        ("GET", "/pieces", b"abcdefghij0123456789ABCDEFGHIJ"),
+        ("GET", "/empty", b""),
+        ("HEAD", "/pieces", b""),
+        ("HEAD", "/empty", b""),
+        ("POST", "/pieces", b"abcdefghij0123456789ABCDEFGHIJ"),
+        ("POST", "/empty", b""),
+        ("GET", "/whole", b"hello world"),
+    ];
+    for (method, path, body) in cases {
+        let answer = conn.request(method, "api", path).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
+        assert_eq!(answer.body, body, "{method} {path}: {}", answer.describe());
+        assert!(answer.complete, "{method} {path}: {}", answer.describe());
+        pooled(&proxima, &format!("{method} {path}")).await;
+    }
+    let requests = pod.requests();
+    assert_eq!(requests.len(), cases.len(), "{requests:?}");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.connection == requests[0].connection),
+        "the pod connection was not reused: {requests:?}"
+    );
+}
+
+// ---- 2. chunked bodies ----
+
+/// `data` as one chunk with its size line.
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("{:x}\r\n", data.len()).into_bytes();
+    bytes.extend_from_slice(data);
+    bytes.extend_from_slice(b"\r\n");
+    bytes
+}
+
+const CHUNKED_HEAD: &str = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_bodies_with_extensions_small_and_split_chunks_arrive_exact() {
+    let dir = TempDir::new("framing-chunked");
+    let many: Vec<u8> = (0..400).map(|i| b'a' + (i % 26) as u8).collect();
+    let many_body = many.clone();
+    let pod = pod(move |head| {
+        if head.method() == "HEAD" {
+            return Script::send(CHUNKED_HEAD);
+        }
+        match head.path() {
+            "/extensions" => Script::send(format!(
+                "{CHUNKED_HEAD}5;name=value\r\nhello\r\n6;a=b;quoted=\"x y\"\r\n world\r\nA;empty=\r\n0123456789\r\n0;last=yes\r\n\r\n"
+            )),
+            "/many" => {
+                // 1 to 3 bytes a chunk, in one write.
+                let mut bytes = CHUNKED_HEAD.as_bytes().to_vec();
+                let mut rest = &many_body[..];
+                let mut size = 1;
+                while !rest.is_empty() {
+                    let take = size.min(rest.len());
+                    bytes.extend(chunk(&rest[..take]));
+                    rest = &rest[take..];
+                    size = size % 3 + 1;
+                }
+                bytes.extend_from_slice(b"0\r\n\r\n");
+                Script::send(bytes)
+            }
+            "/awkward" => Script::pieces(
+                [
+                    // A size line split between its digits, between CR and LF, and
+                    // inside an extension; data split inside; the last chunk and the
+                    // final CRLF apart.
+                    "HTTP/1.1 200 OK\r\ntransfer-en",
+                    "coding: chunked\r\n\r\n1",
+                    "0\r",
+                    "\n0123456789abcdef\r",
+                    "\n4;ext",
+                    "=1\r\nwx",
+                    "yz\r\n0\r",
+                    "\n",
+                    "\r\n",
+                ],
+                PAUSE,
+            ),
+            _ => Script::send(ok("other", "")),
+        }
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("GET", "/extensions", b"hello world0123456789".to_vec()),
+        ("GET", "/many", many),
+        ("GET", "/awkward", b"0123456789abcdefwxyz".to_vec()),
+        ("HEAD", "/awkward", Vec::new()),
+        ("POST", "/awkward", b"0123456789abcdefwxyz".to_vec()),
+        ("GET", "/extensions", b"hello world0123456789".to_vec()),
+    ];
+    for (method, path, body) in &cases {
+        let answer = conn.request(method, "api", path).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
+        assert_eq!(&answer.body, body, "{method} {path}: {}", answer.describe());
+        assert!(answer.complete, "{method} {path}: {}", answer.describe());
+        pooled(&proxima, &format!("{method} {path}")).await;
+    }
+    let requests = pod.requests();
+    assert_eq!(requests.len(), cases.len(), "{requests:?}");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.connection == requests[0].connection),
+        "the pod connection was not reused: {requests:?}"
+    );
+}
+
+/// A pod answering `/trailers` with a chunked body whose last chunk is followed by
+/// trailer fields (in pieces), and anything else with `fresh <path>`.
+async fn trailers_pod() -> RawPod {
+    pod(|head| match head.path() {
+        "/trailers" if head.method() == "HEAD" => Script::send(CHUNKED_HEAD),
+        "/trailers" => Script::pieces(
+            [
+                format!("{CHUNKED_HEAD}7\r\ntrailer\r\n5\r\ns-end\r\n0\r\n"),
+                "x-checksum: 1234\r\nx-other: a, b\r\n".to_string(),
+                "\r\n".to_string(),
+            ],
+            PAUSE,
+        ),
+        path => Script::send(ok(&format!("fresh {path}"), "")),
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_with_trailers_arrives_exact_and_the_next_request_is_answered() {
+    let dir = TempDir::new("framing-trailers");
+    let pod = trailers_pod().await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for (round, method) in ["GET", "POST", "HEAD", "GET"].into_iter().enumerate() {
+        let answer = conn.request(method, "api", "/trailers").await;
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        let body: &[u8] = if method == "HEAD" {
+            b""
+        } else {
+            b"trailers-end"
+        };
+        assert_eq!(answer.body, body, "{method}: {}", answer.describe());
+        assert!(answer.complete, "{method}: {}", answer.describe());
+        let next = format!("/next-{round}");
+        let answer = conn.request("GET", "api", &next).await;
+        assert_eq!(answer.text(), format!("fresh {next}"), "after {method}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug on main: after a chunked body with trailers the pod connection is closed, not kept (see the test's docs)"]
+/// A pod's chunked body with trailers: hyper's server writes the trailers frame (or
+/// just the last chunk) and then drops the proxy's `ResponseBody` without polling it
+/// again (hyper 1.12 `proto/h1/dispatch.rs`, `clear_body` on a trailers frame). The
+/// upstream `Incoming` of a chunked body never says `is_end_stream`, so the drop takes the
+/// body as cut off and closes the pod connection, which was complete and reusable (a
+/// trailers frame is the last frame of a body).
+async fn a_chunked_body_with_trailers_keeps_the_pod_connection() {
+    let dir = TempDir::new("framing-trailers-reuse");
+    let pod = trailers_pod().await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for (round, method) in ["GET", "POST"].into_iter().enumerate() {
+        let answer = conn.request(method, "api", "/trailers").await;
+        assert_eq!(
+            answer.body,
+            b"trailers-end",
+            "{method}: {}",
+            answer.describe()
+        );
+        pooled(&proxima, &format!("{method} /trailers")).await;
+        let next = format!("/next-{round}");
+        let answer = conn.request("GET", "api", &next).await;
+        assert_eq!(answer.text(), format!("fresh {next}"));
+        assert_eq!(
+            pod.connection_of(&next),
+            pod.connection_of("/trailers"),
+            "after {method} /trailers: the pod connection was not reused"
+        );
+    }
+}
+
+// ---- 3. bodies delimited by the close ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_delimited_by_the_close_arrives_whole_and_the_next_request_opens_a_connection() {
+    let dir = TempDir::new("framing-close-delimited");
+    let pod = pod(|head| match head.path() {
+        "/until-close" if head.method() == "HEAD" => {
+            Script::send("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\n").then_close()
+        }
+        "/until-close" => Script::pieces(
+            [
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nfirst part, ",
+                "second part, ",
+                "last part",
+            ],
+            PAUSE,
+        )
+        .then_close(),
+        path => Script::send(ok(&format!("fresh {path}"), "")),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for (round, method) in ["GET", "POST", "HEAD"].into_iter().enumerate() {
+        let answer = conn.request(method, "api", "/until-close").await;
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        let expected: &[u8] = if method == "HEAD" {
+            b""
+        } else {
+            b"first part, second part, last part"
+        };
+        assert_eq!(answer.body, expected, "{method}: {}", answer.describe());
+        assert!(answer.complete, "{method}: {}", answer.describe());
+        let next = format!("/next-{round}");
+        let answer = conn.request("GET", "api", &next).await;
+        assert_eq!(answer.status, 200, "after {method}: {}", answer.describe());
+        assert_eq!(answer.text(), format!("fresh {next}"));
+        assert_ne!(
+            pod.connection_of(&next),
+            pod.connection_of("/until-close"),
+            "after {method}: the next request went on the closed connection"
+        );
+        // The one after it goes on that fresh connection.
+        pooled(&proxima, &next).await;
+        let again = format!("/again-{round}");
+        let answer = conn.request("GET", "api", &again).await;
+        assert_eq!(answer.text(), format!("fresh {again}"));
+        assert_eq!(pod.connection_of(&again), pod.connection_of(&next));
+    }
+}
+
+// ---- 4. interim answers ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interim_answers_before_the_final_one_leave_the_final_answer_and_its_body() {
+    let dir = TempDir::new("framing-interim");
+    let pod = pod(|head| {
+        let fin = sized(head, b"the final body");
+        match head.path() {
+            "/continue" => {
+                let mut bytes = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+                bytes.extend(fin);
+                Script::send(bytes)
+            }
+            "/hints" => Script::pieces(
+                [
+                    b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n".to_vec(),
+                    b"HTTP/1.1 103 Early Hints\r\nlink: </app.js>; rel=preload\r\n\r\nHTTP/1.1 100 Cont".to_vec(),
+                    b"inue\r\n\r\n".to_vec(),
+                    fin,
+                ],
+                PAUSE,
+            ),
+            _ => Script::send(ok("other", "")),
+        }
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let cases = [
+        ("GET", "/continue"),
+        ("GET", "/hints"),
+        ("HEAD", "/hints"),
+        ("POST", "/continue"),
+        ("GET", "/hints"),
+    ];
+    for (method, path) in cases {
+        let answer = conn.request(method, "api", path).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
+        let body: &[u8] = if method == "HEAD" {
+            b""
+        } else {
+            b"the final body"
+        };
+        assert_eq!(answer.body, body, "{method} {path}: {}", answer.describe());
+        // Interim answers may be passed on or not, but only as interim answers.
+        assert!(
+            answer.interim.iter().all(|s| [100, 103].contains(s)),
+            "{method} {path}: {}",
+            answer.describe()
+        );
+        pooled(&proxima, &format!("{method} {path}")).await;
+    }
+    let requests = pod.requests();
+    assert_eq!(requests.len(), cases.len(), "{requests:?}");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.connection == requests[0].connection),
+        "the pod connection was not reused: {requests:?}"
+    );
+}
+
+// ---- 5. HEAD ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_answer_declaring_a_length_has_no_body_and_the_connection_serves_a_get_next() {
+    let dir = TempDir::new("framing-head");
+    let big = pattern(1234);
+    let body = big.clone();
+    let pod = pod(move |head| match (head.method(), head.path()) {
+        ("HEAD", "/sized") => Script::send("HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n"),
+        ("HEAD", "/chunked") => Script::send(CHUNKED_HEAD),
+        // No framing header at all: a HEAD answer ends with its head all the same.
+        ("HEAD", "/bare") => Script::send("HTTP/1.1 200 OK\r\nx-bare: yes\r\n\r\n"),
+        _ => Script::send(sized(head, &body)),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for path in ["/sized", "/chunked", "/bare"] {
+        let answer = conn.request("HEAD", "api", path).await;
+        assert_eq!(answer.status, 200, "HEAD {path}: {}", answer.describe());
+        if path == "/sized" {
+            assert_eq!(
+                answer.header("content-length"),
+                Some(&b"1234"[..]),
+                "HEAD {path}: {}",
+                answer.describe()
+            );
+        }
+        pooled(&proxima, &format!("HEAD {path}")).await;
+        // The GET after it on the same connection gets its own body, whole, and no
+        // leftover of the HEAD.
+        let answer = conn.request("GET", "api", "/get").await;
+        assert_eq!(
+            answer.status,
+            200,
+            "GET after HEAD {path}: {}",
+            answer.describe()
+        );
+        assert_eq!(answer.body, big, "GET after HEAD {path}");
+        assert_eq!(
+            pod.connection_of("/get"),
+            pod.connection_of(path),
+            "the connection of HEAD {path} was not reused"
+        );
+        pooled(&proxima, "GET /get").await;
+    }
+}
+
+// ---- 6. 204 and 304 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_content_and_not_modified_answers_carry_no_body_and_keep_the_connection() {
+    let dir = TempDir::new("framing-204-304");
+    let pod = pod(|head| match head.path() {
+        "/204" => Script::send("HTTP/1.1 204 No Content\r\nx-kind: none\r\n\r\n"),
+        "/304" => {
+            Script::send("HTTP/1.1 304 Not Modified\r\netag: \"v1\"\r\ncontent-length: 42\r\n\r\n")
+        }
+        path => Script::send(ok(&format!("after {path}"), "")),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let mut round = 0;
+    for method in ["GET", "HEAD", "POST"] {
+        for (status, path) in [(204, "/204"), (304, "/304")] {
+            let answer = conn.request(method, "api", path).await;
+            assert_eq!(
+                answer.status,
+                status,
+                "{method} {path}: {}",
+                answer.describe()
+            );
+            pooled(&proxima, &format!("{method} {path}")).await;
+            // Had a body come with it, it would be read here instead of an answer.
+            round += 1;
+            let next = format!("/next-{round}");
+            let answer = conn.request("GET", "api", &next).await;
+            assert_eq!(
+                answer.status,
+                200,
+                "after {method} {path}: {}",
+                answer.describe()
+            );
+            assert_eq!(answer.text(), format!("after {next}"));
+            assert_eq!(
+                pod.connection_of(&next),
+                pod.connection_of(path),
+                "the connection of {method} {path} was not reused"
+            );
+            pooled(&proxima, &next).await;
+        }
+    }
+}
+
+// ---- 7. answers that end the connection ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_close_and_http_1_0_answers_are_not_followed_on_their_connection() {
+    let dir = TempDir::new("framing-conn-close");
+    // The pod keeps its side open: only the proxy's reading of the answer can stop a
+    // next request from going on that connection.
+    let pod = pod(|head| match head.path() {
+        "/close" => {
+            let mut bytes =
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 7\r\n\r\n".to_vec();
+            if head.method() != "HEAD" {
+                bytes.extend_from_slice(b"closing");
+            }
+            Script::send(bytes)
+        }
+        "/http10" => {
+            let mut bytes = b"HTTP/1.0 200 OK\r\ncontent-length: 5\r\n\r\n".to_vec();
+            if head.method() != "HEAD" {
+                bytes.extend_from_slice(b"old!!");
+            }
+            Script::send(bytes)
+        }
+        path => Script::send(ok(&format!("fresh {path}"), "")),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let mut round = 0;
+    for method in ["GET", "HEAD", "POST"] {
+        for (path, body) in [("/close", &b"closing"[..]), ("/http10", &b"old!!"[..])] {
+            let answer = conn.request(method, "api", path).await;
+            assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
+            let body = if method == "HEAD" { &b""[..] } else { body };
+            assert_eq!(answer.body, body, "{method} {path}: {}", answer.describe());
+            settle().await;
+            round += 1;
+            let next = format!("/next-{round}");
+            let answer = conn.request("GET", "api", &next).await;
+            assert_eq!(
+                answer.text(),
+                format!("fresh {next}"),
+                "after {method} {path}"
+            );
+            assert_ne!(
+                pod.connection_of(&next),
+                pod.connection_of(path),
+                "{method} {path}: the next request went on its connection"
+            );
+        }
+    }
+}
+
+// ---- 8. malformed and hostile answers ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_hostile_answers_get_502_with_json() {
+    let dir = TempDir::new("framing-malformed");
+    let huge_value = "v".repeat(1 << 20);
+    let headers = |n: usize| -> String { (0..n).map(|i| format!("x-h{i}: {i}\r\n")).collect() };
+    let (few, many) = (headers(10), headers(40));
+    let answers: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"HELLO THERE\r\n\r\n".to_vec()),
+        (
+            "bad-status",
+            b"HTTP/1.1 2x0 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        ),
+        (
+            "two-lengths",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!".to_vec(),
+        ),
+        (
+            "length-abc",
+            b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\nabc".to_vec(),
+        ),
+        (
+            "length-negative",
+            b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\nhello".to_vec(),
+        ),
+        (
+            "huge-head",
+            format!("HTTP/1.1 200 OK\r\nx-huge: {huge_value}\r\ncontent-length: 2\r\n\r\nok")
+                .into_bytes(),
+        ),
+        (
+            "many-headers",
+            format!("HTTP/1.1 200 OK\r\n{many}content-length: 2\r\n\r\nok").into_bytes(),
+        ),
+    ];
+    let mut pods = Vec::new();
+    for (name, bytes) in &answers {
+        let bytes = bytes.clone();
+        // Each answer closes the connection: a pod that sent garbage is not spoken to
+        // again on it.
+        let pod = pod(move |_| Script::send(bytes.clone()).then_close()).await;
+        pods.push((*name, pod));
+    }
+    let under = pod(move |head| {
+        Script::send(
+            format!(
+                "HTTP/1.1 200 OK\r\n{few}content-length: 2\r\n\r\n{}",
+                if head.method() == "HEAD" { "" } else { "ok" }
+            )
+            .into_bytes(),
+        )
+    })
+    .await;
+    pods.push(("few-headers", under));
+    let services: Vec<(&str, &RawPod)> = pods.iter().map(|(n, p)| (*n, p)).collect();
+    let proxima = proxy(&dir, &services, &["--max-response-headers", "20"]).await;
+
+    for method in ["GET", "HEAD", "POST"] {
+        let mut conn = Conn::open(proxima.proxy).await;
+        let answer = conn.request(method, "few-headers", "/").await;
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        for (name, _) in &answers {
+            // A HEAD answer's length is not read: see
+            // `invalid_lengths_in_answers_to_head_get_502`.
+            let length_only = ["two-lengths", "length-abc", "length-negative"];
+            if method == "HEAD" && length_only.contains(name) {
+                continue;
+            }
+            let what = format!("{method} to {name}");
+            let mut conn = Conn::open(proxima.proxy).await;
+            let answer = conn.request(method, name, "/").await;
+            if method == "HEAD" {
+                // No body to a HEAD, not even the error's.
+                assert_eq!(answer.status, 502, "{what}: {}", answer.describe());
+            } else {
+                answer.assert_bad_gateway(&what);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug on main: an invalid content-length in an answer to HEAD is passed to the client, or the client connection is closed with no answer (see the test's docs)"]
+/// Answers to HEAD carry no body, so hyper's client never checks their content-length,
+/// and the proxy copies it to the client as it came: `content-length: abc`, `-5` and
+/// `5, 6` reach the client in a `200` (and `abc` in a `304`); two different
+/// content-length lines (`5` and `6`) make hyper's server refuse the answer ("user sent
+/// unexpected header"), and the client connection is closed with no answer at all. A
+/// malformed head should get `502` as it does for GET.
+async fn invalid_lengths_in_answers_to_head_get_502() {
+    let dir = TempDir::new("framing-head-lengths");
+    let heads: [(&str, &str); 5] = [
+        (
+            "length-abc",
+            "HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n",
+        ),
+        (
+            "length-negative",
+            "HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n",
+        ),
+        (
+            "length-list",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\n",
+        ),
+        (
+            "two-lengths",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+        ),
+        (
+            "not-modified-abc",
+            "HTTP/1.1 304 Not Modified\r\ncontent-length: abc\r\n\r\n",
+        ),
+    ];
+    let mut pods = Vec::new();
+    for (name, head) in heads {
+        pods.push((name, pod(move |_| Script::send(head)).await));
+    }
+    let services: Vec<(&str, &RawPod)> = pods.iter().map(|(n, p)| (*n, p)).collect();
+    let proxima = proxy(&dir, &services, &[]).await;
+    for (name, _) in heads {
+        let mut conn = Conn::open(proxima.proxy).await;
+        conn.send("HEAD", name, "/").await;
+        let answer = conn
+            .answer("HEAD")
+            .await
+            .unwrap_or_else(|| panic!("HEAD to {name}: the connection closed with no answer"));
+        assert_eq!(answer.status, 502, "HEAD to {name}: {}", answer.describe());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_closes_fresh_connections_at_once_is_passed_over_for_another() {
+    let dir = TempDir::new("framing-hang-up");
+    let good = pod(|head| Script::send(sized(head, b"from the good pod"))).await;
+    // Answers until told to hang up; then closes every connection as soon as it is
+    // accepted, reading nothing.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing = listener.local_addr().unwrap();
+    let hang_up = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicBool::new(false));
+    let hung_up = Arc::new(AtomicUsize::new(0));
+    tokio::spawn({
+        let (hang_up, answered, hung_up) = (hang_up.clone(), answered.clone(), hung_up.clone());
+        async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                if hang_up.load(Ordering::SeqCst) {
+                    hung_up.fetch_add(1, Ordering::SeqCst);
+                    drop(stream);
+                    continue;
+                }
+                let answered = answered.clone();
+                tokio::spawn(async move {
+                    while let Some(head) = read_head(&mut stream, None).await {
+                        let _ = stream
+                            .write_all(&sized(&head, b"from the closing pod"))
+                            .await;
+                        answered.store(true, Ordering::SeqCst);
+                    }
+                });
+            }
+        }
+    });
+    let topology = format!(
+        "nodes:\n  - {{ name: worker-1 }}\nservices:\n  - name: api\n    settings: {{ timeout: 10s, strategy: round-robin, retries: 2 }}\n    endpoints:\n      - {{ id: api-0, address: '{}', node: worker-1 }}\n      - {{ id: api-1, address: '{closing}', node: worker-1 }}\n",
+        good.addr
+    );
+    // No idle connections kept: every request opens a fresh one.
+    let proxima = start_on_topology(
+        &dir,
+        &topology,
+        &["--workers", "1", "--upstream-max-idle-per-endpoint", "0"],
+    )
+    .await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    // Both pods serve, until the closing one has answered once.
+    for i in 0.. {
+        let answer = conn.request("GET", "api", &format!("/warm-{i}")).await;
+        assert_eq!(answer.status, 200, "{}", answer.describe());
+        if answered.load(Ordering::SeqCst) {
+            break;
+        }
+        assert!(i < 20, "round robin never reached the closing pod");
+    }
+    hang_up.store(true, Ordering::SeqCst);
+    for (i, method) in ["GET", "HEAD"].iter().cycle().take(40).enumerate() {
+        let answer = conn.request(method, "api", &format!("/{i}")).await;
+        assert_eq!(answer.status, 200, "{method} #{i}: {}", answer.describe());
+        let body: &[u8] = if *method == "HEAD" {
+            b""
+        } else {
+            b"from the good pod"
+        };
+        assert_eq!(answer.body, body, "{method} #{i}: {}", answer.describe());
+        if hung_up.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+    }
+    assert!(
+        hung_up.load(Ordering::SeqCst) >= 1,
+        "the closing pod was never tried"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug on main: a pod's 101 to a request that asked for no upgrade reaches the client as a bare 101, then the connection closes"]
+/// `HTTP/1.1 101 Switching Protocols` (with `upgrade: websocket`) in answer to a plain
+/// GET, HEAD or POST that sent no `Upgrade`: the pod switched to a protocol nobody asked
+/// for (RFC 9110 §15.2.2), so the proxy should answer 502. On main the client gets
+/// `HTTP/1.1 101 Switching Protocols` with only a `date` header (upgrade and connection
+/// stripped as hop-by-hop), and the proxy then closes its connection.
+async fn a_101_to_a_request_that_asked_for_no_upgrade_gets_502() {
+    let dir = TempDir::new("framing-101");
+    let pod = pod(|_| {
+        Script::send(
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        )
+        .pause(Duration::from_millis(200))
+        .then_close()
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    for method in ["GET", "HEAD", "POST"] {
+        let mut conn = Conn::open(proxima.proxy).await;
+        conn.send(method, "api", "/").await;
+        let answer = conn.answer(method).await;
+        let answer = answer.unwrap_or_else(|| {
+            panic!("{method}: closed with no final answer (interim answers or nothing)")
+        });
+        if method == "HEAD" {
+            assert_eq!(answer.status, 502, "{method}: {}", answer.describe());
+        } else {
+            answer.assert_bad_gateway(method);
+        }
+    }
+}
+
+// ---- 9. a pod that dies mid-body ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
+    let dir = TempDir::new("framing-cut");
+    let pod = pod(|head| match head.path() {
+        "/length-at-once" => {
+            Script::send(&b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n0123456789"[..])
+                .then_close()
+        }
+        "/length-later" => Script::pieces(
+            [
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n"[..],
+                &b"0123456789"[..],
+            ],
+            PAUSE,
+        )
+        .pause(PAUSE)
+        .then_close(),
+        "/chunked-later" => Script::pieces(
+            [
+                format!("{CHUNKED_HEAD}a\r\n0123456789\r\n"),
+                "10\r\nonly-part".to_string(),
+            ],
+            PAUSE,
+        )
+        .pause(PAUSE)
+        .then_close(),
+        path => Script::send(ok(&format!("fresh {path}"), "")),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut round = 0;
+    for method in ["GET", "POST"] {
+        for path in ["/length-at-once", "/length-later", "/chunked-later"] {
+            let what = format!("{method} {path}");
+            let mut conn = Conn::open(proxima.proxy).await;
+            let answer = conn.request(method, "api", path).await;
+            if answer.status == 502 {
+                // The break was seen before the answer's head went out.
+                answer.assert_bad_gateway(&what);
+            } else {
+                assert_eq!(answer.status, 200, "{what}: {}", answer.describe());
+                assert!(!answer.complete, "{what}: {}", answer.describe());
+                assert!(answer.body.len() < 100_000, "{what}");
+                assert!(
+                    b"0123456789only-part".starts_with(&answer.body),
+                    "{what}: {}",
+                    answer.describe()
+                );
+                assert!(conn.closes().await, "{what}: the connection stayed open");
+            }
+            // The pod is still usable, on a new connection.
+            round += 1;
+            let next = format!("/next-{round}");
+            let answer = Conn::open(proxima.proxy)
+                .await
+                .request("GET", "api", &next)
+                .await;
+            assert_eq!(answer.text(), format!("fresh {next}"), "after {what}");
+            assert_ne!(pod.connection_of(&next), pod.connection_of(path));
+        }
+    }
+}
+
+// ---- 10. bytes after a complete answer ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_a_pod_sends_after_a_complete_answer_never_answer_the_next_request() {
+    let dir = TempDir::new("framing-stray");
+    let stray = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray";
+    let stray_written = Arc::new(AtomicBool::new(false));
+    let pod = pod({
+        let stray_written = stray_written.clone();
+        move |head| match head.path() {
+            "/same-write" => {
+                let mut bytes = sized(head, b"first");
+                bytes.extend_from_slice(stray.as_bytes());
+                Script::send(bytes)
+            }
+            "/later-write" => {
+                stray_written.store(false, Ordering::SeqCst);
+                Script::send(sized(head, b"first"))
+                    .pause(PAUSE)
+                    .write(stray.as_bytes())
+                    .mark(&stray_written)
+            }
+            path => Script::send(ok(&format!("own {path}"), "")),
+        }
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    let mut round = 0;
+    for method in ["GET", "HEAD", "POST"] {
+        for path in ["/same-write", "/later-write"] {
+            let answer = conn.request(method, "api", path).await;
+            assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
+            let body: &[u8] = if method == "HEAD" { b"" } else { b"first" };
+            assert_eq!(answer.body, body, "{method} {path}: {}", answer.describe());
+            if path == "/later-write" {
+                eventually("the stray answer written", || async {
+                    stray_written.load(Ordering::SeqCst).then_some(())
+                })
+                .await;
+            }
+            settle().await;
+            round += 1;
+            let next = format!("/next-{round}");
+            let answer = conn.request("GET", "api", &next).await;
+            assert_eq!(
+                answer.text(),
+                format!("own {next}"),
+                "after {method} {path}: {}",
+                answer.describe()
+            );
+        }
+    }
+}
+
+// ---- 11. header values ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn obs_text_and_empty_header_values_pass_through_unchanged() {
+    let dir = TempDir::new("framing-obs-text");
+    let pod = pod(|head| {
+        let mut bytes =
+            b"HTTP/1.1 200 OK\r\nx-obs: caf\xe9 \x80\xff na\xefve\r\nx-empty:\r\nx-empty-space: \r\ncontent-length: 2\r\n\r\n"
+                .to_vec();
+        if head.method() != "HEAD" {
+            bytes.extend_from_slice(b"ok");
+        }
+        Script::send(bytes)
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for method in ["GET", "HEAD", "POST"] {
+        let answer = conn.request(method, "api", "/").await;
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        assert_eq!(
+            answer.header("x-obs"),
+            Some(&b"caf\xe9 \x80\xff na\xefve"[..]),
+            "{method}: {}",
+            answer.describe()
+        );
+        assert_eq!(answer.header("x-empty"), Some(&b""[..]), "{method}");
+        assert_eq!(answer.header("x-empty-space"), Some(&b""[..]), "{method}");
+        let body: &[u8] = if method == "HEAD" { b"" } else { b"ok" };
+        assert_eq!(answer.body, body, "{method}");
+    }
+}
+
+// ---- 12. a large body ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_8_mib_body_streams_through_exact_chunked_or_sized() {
+    const SIZE: usize = 8 << 20;
+    const PIECE: usize = 64 << 10;
+    let dir = TempDir::new("framing-large");
+    let data = Arc::new(pattern(SIZE));
+    let pod = pod({
+        let data = data.clone();
+        move |head| {
+            let mut steps = Vec::new();
+            match head.path() {
+                "/chunked" => {
+                    steps.push(Step::Write(CHUNKED_HEAD.into()));
+                    for piece in data.chunks(PIECE) {
+                        steps.push(Step::Write(chunk(piece)));
+                    }
+                    steps.push(Step::Write(b"0\r\n\r\n".to_vec()));
+                }
+                _ => {
+                    steps.push(Step::Write(
+                        format!("HTTP/1.1 200 OK\r\ncontent-length: {SIZE}\r\n\r\n").into_bytes(),
+                    ));
+                    for piece in data.chunks(PIECE) {
+                        steps.push(Step::Write(piece.to_vec()));
+                    }
+                }
+            }
+            Script {
+                steps,
+                close: false,
+            }
+        }
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for path in ["/chunked", "/sized", "/chunked"] {
+        let answer = conn.request("GET", "api", path).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.describe());
+        assert!(answer.complete, "{path}");
+        assert_eq!(answer.body.len(), SIZE, "{path}");
+        assert!(answer.body == *data, "{path}: the bytes differ");
+        pooled(&proxima, path).await;
+    }
+    let requests = pod.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.connection == requests[0].connection),
+        "the pod connection was not reused: {requests:?}"
+    );
+}
