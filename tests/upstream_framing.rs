@@ -548,13 +548,10 @@ async fn a_chunked_body_with_trailers_arrives_exact_and_the_next_request_is_answ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug on main: after a chunked body with trailers the pod connection is closed, not kept (see the test's docs)"]
-/// A pod's chunked body with trailers: hyper's server writes the trailers frame (or
-/// just the last chunk) and then drops the proxy's `ResponseBody` without polling it
-/// again (hyper 1.12 `proto/h1/dispatch.rs`, `clear_body` on a trailers frame). The
-/// upstream `Incoming` of a chunked body never says `is_end_stream`, so the drop takes the
-/// body as cut off and closes the pod connection, which was complete and reusable (a
-/// trailers frame is the last frame of a body).
+/// A pod's chunked body with trailers leaves a complete, reusable connection. (With
+/// hyper's upstream client, d2ebd54, it was closed: hyper's server drops the proxy's
+/// body after a trailers frame without polling it again, and a chunked `Incoming` never
+/// says `is_end_stream`, so `ResponseBody`'s drop took the body as cut off.)
 async fn a_chunked_body_with_trailers_keeps_the_pod_connection() {
     let dir = TempDir::new("framing-trailers-reuse");
     let pod = trailers_pod().await;
@@ -924,9 +921,10 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug on main: an invalid content-length in an answer to HEAD is passed to the client, or the client connection is closed with no answer (see the test's docs)"]
-/// Answers to HEAD carry no body, so hyper's client never checks their content-length,
-/// and the proxy copies it to the client as it came: `content-length: abc`, `-5` and
+#[ignore = "bug at d2ebd54 and 3bb46c4: an invalid content-length in an answer to HEAD is passed to the client, or the client connection is closed with no answer (see the test's docs)"]
+/// Answers to HEAD carry no body, so neither hyper's upstream client (d2ebd54) nor the
+/// native exchange (3bb46c4) checks their content-length, and the proxy copies it to
+/// the client as it came: `content-length: abc`, `-5` and
 /// `5, 6` reach the client in a `200` (and `abc` in a `304`); two different
 /// content-length lines (`5` and `6`) make hyper's server refuse the answer ("user sent
 /// unexpected header"), and the client connection is closed with no answer at all. A
@@ -961,15 +959,20 @@ async fn invalid_lengths_in_answers_to_head_get_502() {
     }
     let services: Vec<(&str, &RawPod)> = pods.iter().map(|(n, p)| (*n, p)).collect();
     let proxima = proxy(&dir, &services, &[]).await;
+    let mut wrong = Vec::new();
     for (name, _) in heads {
         let mut conn = Conn::open(proxima.proxy).await;
         conn.send("HEAD", name, "/").await;
-        let answer = conn
-            .answer("HEAD")
-            .await
-            .unwrap_or_else(|| panic!("HEAD to {name}: the connection closed with no answer"));
-        assert_eq!(answer.status, 502, "HEAD to {name}: {}", answer.describe());
+        match conn.answer("HEAD").await {
+            Some(answer) if answer.status == 502 => {}
+            Some(answer) => wrong.push(format!("{name}: {}", answer.describe())),
+            None => wrong.push(format!("{name}: closed with no answer")),
+        }
     }
+    assert!(
+        wrong.is_empty(),
+        "HEAD answers that are not 502: {wrong:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1046,12 +1049,10 @@ async fn a_pod_that_closes_fresh_connections_at_once_is_passed_over_for_another(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug on main: a pod's 101 to a request that asked for no upgrade reaches the client as a bare 101, then the connection closes"]
 /// `HTTP/1.1 101 Switching Protocols` (with `upgrade: websocket`) in answer to a plain
 /// GET, HEAD or POST that sent no `Upgrade`: the pod switched to a protocol nobody asked
-/// for (RFC 9110 §15.2.2), so the proxy should answer 502. On main the client gets
-/// `HTTP/1.1 101 Switching Protocols` with only a `date` header (upgrade and connection
-/// stripped as hop-by-hop), and the proxy then closes its connection.
+/// for (RFC 9110 §15.2.2), so the proxy answers 502. (With hyper's upstream client,
+/// d2ebd54, the client got a bare `101` with only a `date` header, then a close.)
 async fn a_101_to_a_request_that_asked_for_no_upgrade_gets_502() {
     let dir = TempDir::new("framing-101");
     let pod = pod(|_| {
@@ -1080,13 +1081,17 @@ async fn a_101_to_a_request_that_asked_for_no_upgrade_gets_502() {
 
 // ---- 9. a pod that dies mid-body ----
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
-    let dir = TempDir::new("framing-cut");
-    let pod = pod(|head| match head.path() {
+/// A pod whose answers to the `/…-at-once` and `/…-later` paths declare more body
+/// than it sends before closing: with the break in the same write as the head and the
+/// first bytes, or after pauses.
+async fn cutting_pod() -> RawPod {
+    pod(|head| match head.path() {
         "/length-at-once" => {
             Script::send(&b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n0123456789"[..])
                 .then_close()
+        }
+        "/chunked-at-once" => {
+            Script::send(format!("{CHUNKED_HEAD}a\r\n0123456789\r\n10\r\nonly-part")).then_close()
         }
         "/length-later" => Script::pieces(
             [
@@ -1108,16 +1113,27 @@ async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
         .then_close(),
         path => Script::send(ok(&format!("fresh {path}"), "")),
     })
-    .await;
-    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    .await
+}
+
+/// GET and POST each of `paths` of a [`cutting_pod`]: the client gets `502` (the break
+/// was seen before the answer's head went out) or a `200` whose body stops short of its
+/// framing's end, and then the connection closes. The pod is still used, on a new
+/// connection.
+async fn assert_cut_answers(dir: &TempDir, paths: &[&str]) {
+    let pod = cutting_pod().await;
+    let proxima = proxy(dir, &[("api", &pod)], &[]).await;
     let mut round = 0;
     for method in ["GET", "POST"] {
-        for path in ["/length-at-once", "/length-later", "/chunked-later"] {
+        for path in paths {
             let what = format!("{method} {path}");
             let mut conn = Conn::open(proxima.proxy).await;
-            let answer = conn.request(method, "api", path).await;
+            conn.send(method, "api", path).await;
+            let answer = conn
+                .answer(method)
+                .await
+                .unwrap_or_else(|| panic!("{what}: the connection closed with no answer at all"));
             if answer.status == 502 {
-                // The break was seen before the answer's head went out.
                 answer.assert_bad_gateway(&what);
             } else {
                 assert_eq!(answer.status, 200, "{what}: {}", answer.describe());
@@ -1130,7 +1146,6 @@ async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
                 );
                 assert!(conn.closes().await, "{what}: the connection stayed open");
             }
-            // The pod is still usable, on a new connection.
             round += 1;
             let next = format!("/next-{round}");
             let answer = Conn::open(proxima.proxy)
@@ -1141,6 +1156,27 @@ async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
             assert_ne!(pod.connection_of(&next), pod.connection_of(path));
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
+    let dir = TempDir::new("framing-cut");
+    assert_cut_answers(&dir, &["/length-later", "/chunked-later"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug at 3bb46c4 (native exchange): a body cut off in the head's own read closes the client connection with no answer at all (see the test's docs)"]
+/// The pod writes `content-length: 100000` (or a chunked head) and 10 body bytes in one
+/// write and closes. At 3bb46c4 the proxy logs `forwarded status=200`, then `upstream
+/// response body broke off ... the connection closed before the end of the body`, then
+/// `client connection ended with an error ... error from user's Body stream`: the break
+/// came before hyper's server flushed anything, so the client gets an empty close (no
+/// status line, no bytes). It should get `502` (the break was there before the head went
+/// out), or at least the head and the 10 bytes before the close. The content-length
+/// case passed with hyper's upstream client (d2ebd54).
+async fn a_body_cut_off_in_the_read_of_its_head_gets_502_or_a_cut_answer() {
+    let dir = TempDir::new("framing-cut-at-once");
+    assert_cut_answers(&dir, &["/length-at-once", "/chunked-at-once"]).await;
 }
 
 // ---- 10. bytes after a complete answer ----
