@@ -1082,10 +1082,11 @@ async fn a_101_to_a_request_that_asked_for_no_upgrade_gets_502() {
 // ---- 9. a pod that dies mid-body ----
 
 /// A pod whose answers to the `/…-at-once` and `/…-later` paths declare more body
-/// than it sends before closing: with the break in the same write as the head and the
-/// first bytes, or after pauses.
-async fn cutting_pod() -> RawPod {
-    pod(|head| match head.path() {
+/// than it sends before closing: the break in the same write as the head and the first
+/// bytes, or once `release` is set.
+async fn cutting_pod(release: &Arc<AtomicBool>) -> RawPod {
+    let release = release.clone();
+    pod(move |head| match head.path() {
         "/length-at-once" => {
             Script::send(&b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n0123456789"[..])
                 .then_close()
@@ -1100,7 +1101,7 @@ async fn cutting_pod() -> RawPod {
             ],
             PAUSE,
         )
-        .pause(PAUSE)
+        .wait_for(&release)
         .then_close(),
         "/chunked-later" => Script::pieces(
             [
@@ -1109,59 +1110,58 @@ async fn cutting_pod() -> RawPod {
             ],
             PAUSE,
         )
-        .pause(PAUSE)
+        .wait_for(&release)
         .then_close(),
         path => Script::send(ok(&format!("fresh {path}"), "")),
     })
     .await
 }
 
-/// GET and POST each of `paths` of a [`cutting_pod`]: the client gets `502` (the break
-/// was seen before the answer's head went out) or a `200` whose body stops short of its
-/// framing's end, and then the connection closes. The pod is still used, on a new
-/// connection.
-async fn assert_cut_answers(dir: &TempDir, paths: &[&str]) {
-    let pod = cutting_pod().await;
-    let proxima = proxy(dir, &[("api", &pod)], &[]).await;
-    let mut round = 0;
-    for method in ["GET", "POST"] {
-        for path in paths {
-            let what = format!("{method} {path}");
-            let mut conn = Conn::open(proxima.proxy).await;
-            conn.send(method, "api", path).await;
-            let answer = conn
-                .answer(method)
-                .await
-                .unwrap_or_else(|| panic!("{what}: the connection closed with no answer at all"));
-            if answer.status == 502 {
-                answer.assert_bad_gateway(&what);
-            } else {
-                assert_eq!(answer.status, 200, "{what}: {}", answer.describe());
-                assert!(!answer.complete, "{what}: {}", answer.describe());
-                assert!(answer.body.len() < 100_000, "{what}");
-                assert!(
-                    b"0123456789only-part".starts_with(&answer.body),
-                    "{what}: {}",
-                    answer.describe()
-                );
-                assert!(conn.closes().await, "{what}: the connection stayed open");
-            }
-            round += 1;
-            let next = format!("/next-{round}");
-            let answer = Conn::open(proxima.proxy)
-                .await
-                .request("GET", "api", &next)
-                .await;
-            assert_eq!(answer.text(), format!("fresh {next}"), "after {what}");
-            assert_ne!(pod.connection_of(&next), pod.connection_of(path));
-        }
-    }
+/// After a cut-off answer to `what`, the pod is still used, on a new connection.
+async fn assert_next_request_served(proxima: &Proxima, pod: &RawPod, cut: &str, next: &str) {
+    let answer = Conn::open(proxima.proxy)
+        .await
+        .request("GET", "api", next)
+        .await;
+    assert_eq!(answer.text(), format!("fresh {next}"), "after {cut}");
+    assert_ne!(pod.connection_of(next), pod.connection_of(cut));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
+async fn a_body_cut_off_by_the_pod_after_the_head_went_out_never_looks_complete() {
     let dir = TempDir::new("framing-cut");
-    assert_cut_answers(&dir, &["/length-later", "/chunked-later"]).await;
+    let release = Arc::new(AtomicBool::new(false));
+    let pod = cutting_pod(&release).await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut round = 0;
+    for method in ["GET", "POST"] {
+        for path in ["/length-later", "/chunked-later"] {
+            let what = format!("{method} {path}");
+            release.store(false, Ordering::SeqCst);
+            let mut conn = Conn::open(proxima.proxy).await;
+            conn.send(method, "api", path).await;
+            // The head and the first body bytes reach the client; only then does the pod
+            // close.
+            while !conn.buf.windows(10).any(|w| w == b"0123456789") {
+                assert!(
+                    conn.fill().await,
+                    "{what}: closed before the first body bytes"
+                );
+            }
+            release.store(true, Ordering::SeqCst);
+            let answer = conn.answer(method).await.expect("the answer's head");
+            assert_eq!(answer.status, 200, "{what}: {}", answer.describe());
+            assert!(!answer.complete, "{what}: {}", answer.describe());
+            assert!(
+                answer.body.len() >= 10 && b"0123456789only-part".starts_with(&answer.body),
+                "{what}: {}",
+                answer.describe()
+            );
+            assert!(conn.closes().await, "{what}: the connection stayed open");
+            round += 1;
+            assert_next_request_served(&proxima, &pod, path, &format!("/next-{round}")).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1173,10 +1173,40 @@ async fn a_body_cut_off_by_the_pod_never_looks_complete_to_the_client() {
 /// came before hyper's server flushed anything, so the client gets an empty close (no
 /// status line, no bytes). It should get `502` (the break was there before the head went
 /// out), or at least the head and the 10 bytes before the close. The content-length
-/// case passed with hyper's upstream client (d2ebd54).
+/// case passed with hyper's upstream client (d2ebd54). The same empty close happens
+/// with a pause between head and break whenever the proxy reads late (seen in 7 of 20
+/// runs on a loaded machine with 15 ms pauses).
 async fn a_body_cut_off_in_the_read_of_its_head_gets_502_or_a_cut_answer() {
     let dir = TempDir::new("framing-cut-at-once");
-    assert_cut_answers(&dir, &["/length-at-once", "/chunked-at-once"]).await;
+    let pod = cutting_pod(&Arc::new(AtomicBool::new(true))).await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut round = 0;
+    for method in ["GET", "POST"] {
+        for path in ["/length-at-once", "/chunked-at-once"] {
+            let what = format!("{method} {path}");
+            let mut conn = Conn::open(proxima.proxy).await;
+            conn.send(method, "api", path).await;
+            let answer = conn
+                .answer(method)
+                .await
+                .unwrap_or_else(|| panic!("{what}: the connection closed with no answer at all"));
+            if answer.status == 502 {
+                // The break was seen before the answer's head went out.
+                answer.assert_bad_gateway(&what);
+            } else {
+                assert_eq!(answer.status, 200, "{what}: {}", answer.describe());
+                assert!(!answer.complete, "{what}: {}", answer.describe());
+                assert!(
+                    b"0123456789only-part".starts_with(&answer.body),
+                    "{what}: {}",
+                    answer.describe()
+                );
+                assert!(conn.closes().await, "{what}: the connection stayed open");
+            }
+            round += 1;
+            assert_next_request_served(&proxima, &pod, path, &format!("/next-{round}")).await;
+        }
+    }
 }
 
 // ---- 10. bytes after a complete answer ----

@@ -110,6 +110,8 @@ pub enum Step {
     Pause(Duration),
     /// Set the flag: the steps before it are done.
     Mark(Arc<AtomicBool>),
+    /// Wait until the flag is set (by the test; bounded by [`PATIENCE`]).
+    Wait(Arc<AtomicBool>),
 }
 
 /// What a raw pod does in answer to one request: its writes (each its own `write`
@@ -165,6 +167,12 @@ impl Script {
     /// Set `flag` once the steps so far are done.
     pub fn mark(mut self, flag: &Arc<AtomicBool>) -> Self {
         self.steps.push(Step::Mark(flag.clone()));
+        self
+    }
+
+    /// Wait until `flag` is set before the next steps.
+    pub fn wait_for(mut self, flag: &Arc<AtomicBool>) -> Self {
+        self.steps.push(Step::Wait(flag.clone()));
         self
     }
 
@@ -270,6 +278,14 @@ where
                             }
                             Step::Pause(pause) => tokio::time::sleep(pause).await,
                             Step::Mark(flag) => flag.store(true, Ordering::SeqCst),
+                            Step::Wait(flag) => {
+                                let deadline = tokio::time::Instant::now() + PATIENCE;
+                                while !flag.load(Ordering::SeqCst)
+                                    && tokio::time::Instant::now() < deadline
+                                {
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                }
+                            }
                         }
                     }
                     if script.close {
