@@ -873,6 +873,18 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
             "many-headers",
             format!("HTTP/1.1 200 OK\r\n{many}content-length: 2\r\n\r\nok").into_bytes(),
         ),
+        (
+            "no-colon",
+            b"HTTP/1.1 200 OK\r\nx-broken header\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        ),
+        (
+            "space-before-colon",
+            b"HTTP/1.1 200 OK\r\ncontent-length : 2\r\n\r\nok".to_vec(),
+        ),
+        (
+            "chunk-size-overflow",
+            format!("{CHUNKED_HEAD}fffffffffffffffffffff\r\nabc\r\n0\r\n\r\n").into_bytes(),
+        ),
     ];
     let mut pods = Vec::new();
     for (name, bytes) in &answers {
@@ -901,10 +913,15 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
         let answer = conn.request(method, "few-headers", "/").await;
         assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
         for (name, _) in &answers {
-            // A HEAD answer's length is not read: see
+            // A HEAD answer has no body to break, and its length is not read: see
             // `invalid_lengths_in_answers_to_head_get_502`.
-            let length_only = ["two-lengths", "length-abc", "length-negative"];
-            if method == "HEAD" && length_only.contains(name) {
+            let body_only = [
+                "two-lengths",
+                "length-abc",
+                "length-negative",
+                "chunk-size-overflow",
+            ];
+            if method == "HEAD" && body_only.contains(name) {
                 continue;
             }
             let what = format!("{method} to {name}");
@@ -1224,6 +1241,12 @@ async fn bytes_a_pod_sends_after_a_complete_answer_never_answer_the_next_request
                 bytes.extend_from_slice(stray.as_bytes());
                 Script::send(bytes)
             }
+            // More body than declared: the extra bytes are no answer to anything.
+            "/extra-body" => {
+                let mut bytes = sized(head, b"first");
+                bytes.extend_from_slice(b"EXTRA BYTES");
+                Script::send(bytes)
+            }
             "/later-write" => {
                 stray_written.store(false, Ordering::SeqCst);
                 Script::send(sized(head, b"first"))
@@ -1239,7 +1262,7 @@ async fn bytes_a_pod_sends_after_a_complete_answer_never_answer_the_next_request
     let mut conn = Conn::open(proxima.proxy).await;
     let mut round = 0;
     for method in ["GET", "HEAD", "POST"] {
-        for path in ["/same-write", "/later-write"] {
+        for path in ["/same-write", "/extra-body", "/later-write"] {
             let answer = conn.request(method, "api", path).await;
             assert_eq!(answer.status, 200, "{method} {path}: {}", answer.describe());
             let body: &[u8] = if method == "HEAD" { b"" } else { b"first" };
@@ -1292,6 +1315,48 @@ async fn obs_text_and_empty_header_values_pass_through_unchanged() {
         );
         assert_eq!(answer.header("x-empty"), Some(&b""[..]), "{method}");
         assert_eq!(answer.header("x-empty-space"), Some(&b""[..]), "{method}");
+        let body: &[u8] = if method == "HEAD" { b"" } else { b"ok" };
+        assert_eq!(answer.body, body, "{method}");
+    }
+}
+
+/// A header value folded over two lines (obs-fold): RFC 9112 §5.2 lets a proxy either
+/// refuse the answer (502) or join the lines with spaces; nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_header_value_is_refused_or_joined() {
+    let dir = TempDir::new("framing-obs-fold");
+    let pod = pod(|head| {
+        let mut bytes =
+            b"HTTP/1.1 200 OK\r\nx-folded: first\r\n \tsecond\r\ncontent-length: 2\r\n\r\n"
+                .to_vec();
+        if head.method() != "HEAD" {
+            bytes.extend_from_slice(b"ok");
+        }
+        Script::send(bytes).then_close()
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    for method in ["GET", "HEAD", "POST"] {
+        let answer = Conn::open(proxima.proxy)
+            .await
+            .request(method, "api", "/")
+            .await;
+        if answer.status == 502 {
+            if method != "HEAD" {
+                answer.assert_bad_gateway(method);
+            }
+            continue;
+        }
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        let value = answer.header("x-folded").unwrap_or_default();
+        let joined = value.starts_with(b"first")
+            && value.ends_with(b"second")
+            && value[5..value.len() - 6].iter().all(|&b| b == b' ');
+        assert!(
+            joined && value.len() > 11,
+            "{method}: {}",
+            answer.describe()
+        );
         let body: &[u8] = if method == "HEAD" { b"" } else { b"ok" };
         assert_eq!(answer.body, body, "{method}");
     }
