@@ -838,6 +838,36 @@ async fn connection_close_and_http_1_0_answers_are_not_followed_on_their_connect
     }
 }
 
+/// A pod that closes its side right after a complete keep-alive answer (no
+/// `connection: close`): once its close has reached the proxy, no request, not even a
+/// POST that could not be sent again, goes on that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_pod_closed_after_a_complete_answer_is_not_used_again() {
+    let dir = TempDir::new("framing-closed-after");
+    let pod = pod(|head| match head.path() {
+        "/then-close" => Script::send(sized(head, b"closing soon")).then_close(),
+        path => Script::send(sized(head, format!("own {path}").as_bytes())),
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let mut conn = Conn::open(proxima.proxy).await;
+    for (round, method) in ["GET", "HEAD", "POST", "GET"].into_iter().enumerate() {
+        let answer = conn.request("GET", "api", "/then-close").await;
+        assert_eq!(answer.body, b"closing soon", "{}", answer.describe());
+        settle().await;
+        let next = format!("/next-{round}");
+        let answer = conn.request(method, "api", &next).await;
+        assert_eq!(answer.status, 200, "{method}: {}", answer.describe());
+        let body = if method == "HEAD" {
+            String::new()
+        } else {
+            format!("own {next}")
+        };
+        assert_eq!(answer.text(), body, "{method}");
+        assert_ne!(pod.connection_of(&next), pod.connection_of("/then-close"));
+    }
+}
+
 // ---- 8. malformed and hostile answers ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
