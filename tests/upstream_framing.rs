@@ -1219,8 +1219,8 @@ async fn a_body_cut_off_by_the_pod_after_the_head_went_out_never_looks_complete(
 /// `client connection ended with an error ... error from user's Body stream`: the break
 /// came before hyper's server flushed anything, so the client gets an empty close (no
 /// status line, no bytes). It should get `502` (the break was there before the head went
-/// out), or at least the head and the 10 bytes before the close. The content-length
-/// case passed with hyper's upstream client (d2ebd54). The same empty close happens
+/// out), or at least the head and the 10 bytes before the close. Both cases pass with
+/// hyper's upstream client (d2ebd54). The same empty close happens
 /// with a pause between head and break whenever the proxy reads late (seen in 7 of 20
 /// runs on a loaded machine with 15 ms pauses).
 async fn a_body_cut_off_in_the_read_of_its_head_gets_502_or_a_cut_answer() {
