@@ -968,14 +968,10 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug at d2ebd54 and 3bb46c4: an invalid content-length in an answer to HEAD is passed to the client, or the client connection is closed with no answer (see the test's docs)"]
-/// Answers to HEAD carry no body, so neither hyper's upstream client (d2ebd54) nor the
-/// native exchange (3bb46c4) checks their content-length, and the proxy copies it to
-/// the client as it came: `content-length: abc`, `-5` and
-/// `5, 6` reach the client in a `200` (and `abc` in a `304`); two different
-/// content-length lines (`5` and `6`) make hyper's server refuse the answer ("user sent
-/// unexpected header"), and the client connection is closed with no answer at all. A
-/// malformed head should get `502` as it does for GET.
+/// Answers to HEAD carry no body, but their content-length still goes on to the
+/// client, so it is checked as for GET: `abc`, `-5`, `5, 6`, two different lines, or
+/// `abc` in a `304` get `502`. (Before the fix the proxy copied them to the client, and
+/// two different lines made hyper's server close the client connection with no answer.)
 async fn invalid_lengths_in_answers_to_head_get_502() {
     let dir = TempDir::new("framing-head-lengths");
     let heads: [(&str, &str); 5] = [
@@ -1212,17 +1208,11 @@ async fn a_body_cut_off_by_the_pod_after_the_head_went_out_never_looks_complete(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug at 3bb46c4 (native exchange): a body cut off in the head's own read closes the client connection with no answer at all (see the test's docs)"]
 /// The pod writes `content-length: 100000` (or a chunked head) and 10 body bytes in one
-/// write and closes. At 3bb46c4 the proxy logs `forwarded status=200`, then `upstream
-/// response body broke off ... the connection closed before the end of the body`, then
-/// `client connection ended with an error ... error from user's Body stream`: the break
-/// came before hyper's server flushed anything, so the client gets an empty close (no
-/// status line, no bytes). It should get `502` (the break was there before the head went
-/// out), or at least the head and the 10 bytes before the close. Both cases pass with
-/// hyper's upstream client (d2ebd54). The same empty close happens
-/// with a pause between head and break whenever the proxy reads late (seen in 7 of 20
-/// runs on a loaded machine with 15 ms pauses).
+/// write and closes. The break comes before hyper's server has written anything, and
+/// hyper drops what it has not written when a body fails: the client got an empty
+/// close (no status line) until the proxy held the error back for one poll. Now it gets
+/// `502` or the head and the 10 bytes before the close, never a bare close.
 async fn a_body_cut_off_in_the_read_of_its_head_gets_502_or_a_cut_answer() {
     let dir = TempDir::new("framing-cut-at-once");
     let pod = cutting_pod(&Arc::new(AtomicBool::new(true))).await;

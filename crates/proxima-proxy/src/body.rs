@@ -58,13 +58,27 @@ impl Finish {
 /// A pod's response body, possibly with its first frame already read.
 #[derive(Debug)]
 pub(crate) struct UpstreamBody {
-    pub(crate) first: Option<Frame<Bytes>>,
+    first: Option<Frame<Bytes>>,
     pub(crate) rest: Rest,
+    /// Whether frames were handed on since the pod's body last had nothing ready.
+    burst: bool,
+    /// The pod's body broke right after frames that the server may not have written
+    /// yet; handed on at the next poll (see `ResponseBody::poll_frame`).
+    held_error: Option<UpstreamError>,
 }
 
 impl UpstreamBody {
+    pub(crate) fn new(first: Option<Frame<Bytes>>, rest: Rest) -> Self {
+        Self {
+            first,
+            rest,
+            burst: false,
+            held_error: None,
+        }
+    }
+
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.rest.is_end_stream()
+        self.first.is_none() && self.held_error.is_none() && self.rest.is_end_stream()
     }
 
     /// The exchange is over: give its connection back through `lease`, to be kept if
@@ -181,15 +195,24 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Upstream { body, finish } => {
+                if let Some(error) = body.held_error.take() {
+                    return Poll::Ready(Some(Err(error)));
+                }
                 if let Some(first) = body.first.take() {
                     if body.rest.is_end_stream() {
                         if let Some(f) = finish.take() {
                             f.complete(true, body);
                         }
                     }
+                    body.burst = true;
                     return Poll::Ready(Some(Ok(first)));
                 }
                 let polled = Pin::new(&mut body.rest).poll_frame(cx);
+                match &polled {
+                    Poll::Pending => body.burst = false,
+                    Poll::Ready(Some(Ok(_))) => body.burst = true,
+                    _ => {}
+                }
                 match &polled {
                     Poll::Ready(None) => {
                         if let Some(f) = finish.take() {
@@ -211,6 +234,18 @@ impl Body for ResponseBody {
                             );
                             f.metrics.error(ErrorKind::Reset);
                             f.complete(false, body);
+                        }
+                        if body.burst {
+                            // hyper's server drops what it has not written yet when a
+                            // body fails, and the frames just handed on may be in that
+                            // (the head too): the client would get a bare close. Let it
+                            // write them first, then fail.
+                            body.burst = false;
+                            if let Poll::Ready(Some(Err(error))) = polled {
+                                body.held_error = Some(error);
+                            }
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
                         }
                     }
                     _ => {}

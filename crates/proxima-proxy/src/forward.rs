@@ -292,7 +292,7 @@ async fn first_frame(
         }
     }
     Ok((
-        Response::from_parts(parts, UpstreamBody { first, rest }),
+        Response::from_parts(parts, UpstreamBody::new(first, rest)),
         headers_at,
     ))
 }

@@ -419,14 +419,11 @@ fn framing(
     head_request: bool,
 ) -> Result<(Framing, bool), H1Error> {
     let status = parts.status;
-    if head_request
+    let bodiless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok((Framing::Length(0), true));
-    }
-    if headers.contains_key(TRANSFER_ENCODING) {
+        || status == StatusCode::NOT_MODIFIED;
+    if !bodiless && headers.contains_key(TRANSFER_ENCODING) {
         // Transfer-Encoding wins, and a length beside it must not reach the client.
         headers.remove(CONTENT_LENGTH);
         let last = headers
@@ -445,7 +442,22 @@ fn framing(
             (Framing::UntilClose, false)
         });
     }
+    // Checked even where no body follows (HEAD, 304): the length goes on to the
+    // client, which must be able to trust it.
+    let length = content_length(headers)?;
+    Ok(match length {
+        _ if bodiless => (Framing::Length(0), true),
+        Some(n) => (Framing::Length(n), true),
+        None => (Framing::UntilClose, false),
+    })
+}
+
+/// The response's `Content-Length`: malformed or differing values are an error;
+/// the same value repeated (in several fields or a list) becomes one field, as the
+/// client is sent it.
+fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, H1Error> {
     let mut length = None;
+    let mut items = 0;
     for value in headers.get_all(CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
             let n = parse_length(item.trim_ascii()).ok_or(H1Error::ContentLength)?;
@@ -453,12 +465,13 @@ fn framing(
                 return Err(H1Error::ContentLength);
             }
             length = Some(n);
+            items += 1;
         }
     }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::UntilClose, false),
-    })
+    if let (Some(n), true) = (length, items > 1) {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    Ok(length)
 }
 
 /// A decimal length: digits only, no sign, no overflow.
@@ -684,8 +697,9 @@ impl NativeBody {
         Some(stream)
     }
 
+    /// Read to its end; a body that broke off never says so.
     pub(crate) fn is_end_stream(&self) -> bool {
-        matches!(self.framing, Framing::Done)
+        matches!(self.framing, Framing::Done) && self.complete
     }
 
     pub(crate) fn size_hint(&self) -> SizeHint {
@@ -919,13 +933,15 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(f, Framing::UntilClose) && !keep);
-        let (f, _, _) = framing_of(
+        let (f, _, headers) = framing_of(
             b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 7, 7\r\n\r\n",
             false,
         )
         .unwrap()
         .unwrap();
         assert!(matches!(f, Framing::Length(7)), "repeated equal lengths");
+        let lengths: Vec<_> = headers.get_all(CONTENT_LENGTH).iter().collect();
+        assert_eq!(lengths, ["7"], "become one field");
         for bad in [
             &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n"[..],
             b"HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\n",
@@ -935,11 +951,14 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
             b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
         ] {
-            assert!(
-                matches!(framing_of(bad, false), Err(H1Error::ContentLength)),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+            // Also where no body follows: the length still reaches the client.
+            for head_request in [false, true] {
+                assert!(
+                    matches!(framing_of(bad, head_request), Err(H1Error::ContentLength)),
+                    "{}",
+                    String::from_utf8_lossy(bad)
+                );
+            }
         }
     }
 
