@@ -25,7 +25,10 @@ pub struct ProxyConfig {
     /// How long an idle upstream keep-alive connection is kept. Default 60 s.
     pub pool_idle_timeout: Duration,
     /// Most idle keep-alive connections kept to one pod; beyond it the pod's oldest idle
-    /// one is closed. `0` turns keep-alive to pods off. Default 32.
+    /// one is closed. `0` turns keep-alive to pods off. Default 256: below the requests a
+    /// pod has in flight at once, connections are closed on return and opened again a
+    /// moment later, and an idle connection of a body-less request costs only its
+    /// socket; `max_idle_total` bounds them all.
     pub max_idle_per_endpoint: usize,
     /// Most idle keep-alive connections kept in all; beyond it the oldest idle one (to
     /// any pod) is closed. `0` turns keep-alive to pods off. Default 1024.
@@ -83,7 +86,7 @@ impl Default for ProxyConfig {
             max_header_bytes: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
-            max_idle_per_endpoint: 32,
+            max_idle_per_endpoint: 256,
             max_idle_total: 1024,
             max_idle_buffered: 64,
             upstream_bind: None,

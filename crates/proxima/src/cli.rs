@@ -302,11 +302,12 @@ pub struct ProxyArgs {
 
     /// Most idle keep-alive connections kept to one pod (as nginx's `keepalive N`);
     /// beyond it the pod's oldest idle connection is closed. 0 turns keep-alive to pods
-    /// off.
+    /// off. Below the number of requests a pod has in flight at once, connections are
+    /// closed on return and opened again a moment later.
     #[arg(
         long,
         env = "PROXIMA_UPSTREAM_MAX_IDLE_PER_ENDPOINT",
-        default_value = "32",
+        default_value = "256",
         value_name = "COUNT"
     )]
     pub upstream_max_idle_per_endpoint: usize,
