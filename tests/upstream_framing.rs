@@ -915,6 +915,16 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
             "chunk-size-overflow",
             format!("{CHUNKED_HEAD}fffffffffffffffffffff\r\nabc\r\n0\r\n\r\n").into_bytes(),
         ),
+        // A coding the client would not be told of (Transfer-Encoding is hop-by-hop).
+        (
+            "gzip-chunked",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                .to_vec(),
+        ),
+        (
+            "gzip-until-close",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nok".to_vec(),
+        ),
     ];
     let mut pods = Vec::new();
     for (name, bytes) in &answers {
@@ -950,6 +960,8 @@ async fn malformed_and_hostile_answers_get_502_with_json() {
                 "length-abc",
                 "length-negative",
                 "chunk-size-overflow",
+                "gzip-chunked",
+                "gzip-until-close",
             ];
             if method == "HEAD" && body_only.contains(name) {
                 continue;

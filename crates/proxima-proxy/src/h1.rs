@@ -19,10 +19,11 @@
 //! * interim `1xx` responses (RFC 9110 §15.2) are read and dropped; `101` is an error,
 //!   since the proxy never asks for an upgrade (it drops `Upgrade` headers);
 //! * the body length (§6.3): none for `HEAD`, `1xx`, `204` and `304`;
-//!   `Transfer-Encoding` wins over `Content-Length`, which is then removed (chunked if
-//!   that is the final coding, else read until close); differing or malformed
-//!   `Content-Length` values are an error, never guessed at; with neither, the body
-//!   runs until the pod closes;
+//!   `Transfer-Encoding` wins over `Content-Length`, which is then removed (chunked, or
+//!   read until close if it names no coding); a coding other than chunked (gzip, ...)
+//!   is an error, since the client would get it undeclared once the hop-by-hop header
+//!   is taken off; differing or malformed `Content-Length` values are an error, never
+//!   guessed at; with neither, the body runs until the pod closes;
 //! * chunked framing (§7.1), with chunk extensions ignored and trailers passed on as a
 //!   trailers frame; a malformed size line, a missing CRLF after a chunk, or an
 //!   overlong line or trailer section is an error;
@@ -114,6 +115,9 @@ pub enum H1Error {
     /// `101 Switching Protocols` without an upgrade asked for.
     #[error("101 Switching Protocols, but no upgrade was asked for")]
     UnaskedSwitch,
+    /// A transfer coding other than chunked, which the client could not be told of.
+    #[error("unsupported transfer coding {0:?}")]
+    TransferCoding(String),
     /// The chunked framing is broken.
     #[error("invalid chunked body: {0}")]
     Chunked(&'static str),
@@ -158,6 +162,7 @@ impl H1Error {
                 | H1Error::Header(_)
                 | H1Error::ContentLength
                 | H1Error::UnaskedSwitch
+                | H1Error::TransferCoding(_)
                 | H1Error::Chunked(_)
         )
     }
@@ -426,14 +431,25 @@ fn framing(
     if !bodiless && headers.contains_key(TRANSFER_ENCODING) {
         // Transfer-Encoding wins, and a length beside it must not reach the client.
         headers.remove(CONTENT_LENGTH);
-        let last = headers
+        let mut codings = headers
             .get_all(TRANSFER_ENCODING)
             .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        let chunked = last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+        let last = codings.next_back();
+        // Transfer-Encoding is hop-by-hop: the proxy takes chunked framing off, and
+        // a coding beyond it (gzip, ...) would reach the client undeclared, its body
+        // unreadable. Refused rather than passed on mislabelled.
+        if let Some(coding) = codings
+            .chain(last)
+            .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
+        {
+            return Err(H1Error::TransferCoding(
+                String::from_utf8_lossy(coding).into_owned(),
+            ));
+        }
+        let chunked = last.is_some();
         // Chunked framing is HTTP/1.1's; in an HTTP/1.0 message it is faulty and only
         // the close ends the body.
         return Ok(if chunked && parts.version == Version::HTTP_11 {
@@ -899,7 +915,7 @@ mod tests {
             assert!(matches!(f, Framing::Length(0)), "{status}");
         }
         let (f, keep, headers) = framing_of(
-            b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: identity, Chunked\r\n\r\n",
             false,
         )
         .unwrap()
@@ -910,15 +926,30 @@ mod tests {
             "the length beside it is dropped"
         );
         let (f, keep, _) = framing_of(
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\n\r\n",
             false,
         )
         .unwrap()
         .unwrap();
         assert!(
             matches!(f, Framing::UntilClose) && !keep,
-            "not chunked last"
+            "no chunked coding"
         );
+        for codings in [
+            "gzip, chunked",
+            "chunked, gzip",
+            "gzip",
+            "chunked\r\ntransfer-encoding: br",
+        ] {
+            let text = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {codings}\r\n\r\n");
+            assert!(
+                matches!(
+                    framing_of(text.as_bytes(), false),
+                    Err(H1Error::TransferCoding(_))
+                ),
+                "{codings}"
+            );
+        }
         let (f, keep, _) = framing_of(
             b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
             false,
