@@ -256,7 +256,8 @@ pub(crate) async fn attempt(
 ///
 /// A response with both `Transfer-Encoding` and `Content-Length` is framed by the
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
-/// a length the body does not have.
+/// a length the body does not have. Invalid lengths and codings the client could not be
+/// told of are errors (`h1::check_length_fields`).
 async fn first_frame(
     response: Response<Rest>,
     deadline: Instant,
@@ -264,8 +265,9 @@ async fn first_frame(
     // The measurement ends here, not after the wait below.
     let headers_at = Instant::now();
     let (mut parts, mut rest) = response.into_parts();
-    if parts.headers.contains_key(TRANSFER_ENCODING) {
-        parts.headers.remove(CONTENT_LENGTH);
+    if let Rest::Hyper(body) = &rest {
+        // The native exchange checked these while framing the body.
+        h1::check_length_fields(&mut parts.headers, !body.is_end_stream())?;
     }
     let mut first = None;
     if !rest.is_end_stream() {

@@ -429,27 +429,7 @@ fn framing(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     if !bodiless && headers.contains_key(TRANSFER_ENCODING) {
-        // Transfer-Encoding wins, and a length beside it must not reach the client.
-        headers.remove(CONTENT_LENGTH);
-        let mut codings = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
-        let last = codings.next_back();
-        // Transfer-Encoding is hop-by-hop: the proxy takes chunked framing off, and
-        // a coding beyond it (gzip, ...) would reach the client undeclared, its body
-        // unreadable. Refused rather than passed on mislabelled.
-        if let Some(coding) = codings
-            .chain(last)
-            .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
-        {
-            return Err(H1Error::TransferCoding(
-                String::from_utf8_lossy(coding).into_owned(),
-            ));
-        }
-        let chunked = last.is_some();
+        let chunked = transfer_codings(headers)?;
         // Chunked framing is HTTP/1.1's; in an HTTP/1.0 message it is faulty and only
         // the close ends the body.
         return Ok(if chunked && parts.version == Version::HTTP_11 {
@@ -466,6 +446,42 @@ fn framing(
         Some(n) => (Framing::Length(n), true),
         None => (Framing::UntilClose, false),
     })
+}
+
+/// Whether a response with `Transfer-Encoding` is chunked. The length beside it is
+/// removed (the coding wins, and the client must not trust a length the body does not
+/// have). Transfer-Encoding is hop-by-hop: the proxy takes chunked framing off, and a
+/// coding beyond it (gzip, ...) would reach the client undeclared, its body unreadable;
+/// it is refused rather than passed on mislabelled.
+fn transfer_codings(headers: &mut HeaderMap) -> Result<bool, H1Error> {
+    headers.remove(CONTENT_LENGTH);
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+    let last = codings.next_back();
+    if let Some(coding) = codings
+        .chain(last)
+        .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
+    {
+        return Err(H1Error::TransferCoding(
+            String::from_utf8_lossy(coding).into_owned(),
+        ));
+    }
+    Ok(last.is_some())
+}
+
+/// The checks of a response's length fields that [`framing`] makes, for one that
+/// hyper's client read (requests with a body), so that the client is handed the same
+/// either way. `with_body`: the response has a body to come (its coding matters).
+pub(crate) fn check_length_fields(headers: &mut HeaderMap, with_body: bool) -> Result<(), H1Error> {
+    if with_body && headers.contains_key(TRANSFER_ENCODING) {
+        transfer_codings(headers).map(drop)
+    } else {
+        content_length(headers).map(drop)
+    }
 }
 
 /// The response's `Content-Length`: malformed or differing values are an error;
