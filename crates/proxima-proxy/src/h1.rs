@@ -180,14 +180,7 @@ pub(crate) async fn exchange<B>(
     let mut buf = BytesMut::new();
     let mut drained = false;
     loop {
-        if !buf.is_empty() {
-            if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
-                return Ok(head.into_response(stream, drained));
-            }
-            if buf.len() >= MAX_HEAD_BYTES {
-                return Err(H1Error::HeadTooLarge);
-            }
-        }
+        let had = buf.len();
         let read =
             std::future::poll_fn(|cx| poll_fill(&stream, &mut buf, READ_SIZE, &mut drained, cx))
                 .await;
@@ -196,6 +189,17 @@ pub(crate) async fn exchange<B>(
             Ok(0) => return Err(H1Error::IncompleteHead),
             Ok(_) => {}
             Err(e) => return Err(H1Error::Read(e)),
+        }
+        // A head ends with a line end, so it can only have become complete if the new
+        // bytes hold one; parsing only then keeps a pod that sends its head a byte at
+        // a time from making the parse quadratic.
+        if buf[had..].contains(&b'\n') {
+            if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
+                return Ok(head.into_response(stream, drained));
+            }
+        }
+        if buf.len() >= MAX_HEAD_BYTES {
+            return Err(H1Error::HeadTooLarge);
         }
     }
 }
@@ -552,8 +556,10 @@ enum Chunked {
     Data(u64),
     /// At the CRLF after a chunk's data.
     DataEnd,
-    /// After the last chunk: the trailer section and the final CRLF.
-    Trailers,
+    /// After the last chunk: the trailer section and the final CRLF; this many bytes
+    /// of it were searched for its end already (a pod sending it a byte at a time must
+    /// not make the search quadratic).
+    Trailers(usize),
 }
 
 /// What one step of the chunked decoder found.
@@ -581,7 +587,7 @@ fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Deco
                     Ok(httparse::Status::Complete((used, size))) => {
                         buf.advance(used);
                         *state = if size == 0 {
-                            Chunked::Trailers
+                            Chunked::Trailers(0)
                         } else {
                             Chunked::Data(size)
                         };
@@ -620,19 +626,21 @@ fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Deco
                 buf.advance(2);
                 *state = Chunked::Size;
             }
-            Chunked::Trailers => {
+            Chunked::Trailers(searched) => {
                 let start = &buf[..buf.len().min(2)];
                 if start == b"\r\n" {
                     buf.advance(2);
                     return Ok(Some(Decoded::End(HeaderMap::new())));
                 }
-                let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                let from = searched.saturating_sub(3);
+                let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") else {
                     if buf.len() > MAX_TRAILER_BYTES {
                         return Err(H1Error::Chunked("trailer section too long"));
                     }
+                    *state = Chunked::Trailers(buf.len());
                     return Ok(None);
                 };
-                let section = buf.split_to(end + 4).freeze();
+                let section = buf.split_to(from + end + 4).freeze();
                 return parse_trailers(&section).map(|t| Some(Decoded::End(t)));
             }
         }
@@ -1202,6 +1210,40 @@ mod tests {
             go.send(()).unwrap();
             assert!(shows_activity(&stream).await, "later {later:?} went unseen");
         }
+    }
+
+    #[tokio::test]
+    async fn answers_sent_a_byte_at_a_time_are_read_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let answer: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-a: 1\r\n\
+            transfer-encoding: chunked\r\n\r\n3;e=1\r\nabc\r\n0\r\nx-t: 2\r\n\r\n";
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            socket.set_nodelay(true).unwrap();
+            let _ = socket.read(&mut [0; 1024]).await.unwrap();
+            for byte in answer {
+                socket.write_all(&[*byte]).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let req = Request::builder().uri("/").body(()).unwrap();
+        let response = exchange(stream, &req, 10).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-a"], "1");
+        let mut body = response.into_body();
+        let (mut data, mut trailers) = (Vec::new(), None);
+        while let Some(frame) = std::future::poll_fn(|cx| body.poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert_eq!(data, b"abc");
+        assert_eq!(trailers.unwrap()["x-t"], "2");
+        assert!(body.reusable().is_some());
     }
 
     #[test]
