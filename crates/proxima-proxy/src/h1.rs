@@ -139,13 +139,7 @@ impl H1Error {
             H1Error::NotWritten(_) | H1Error::ClosedBeforeResponse | H1Error::IncompleteHead => {
                 true
             }
-            H1Error::Write(e) | H1Error::Read(e) => matches!(
-                e.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::UnexpectedEof
-            ),
+            H1Error::Write(e) | H1Error::Read(e) => is_connection_break(e),
             _ => false,
         }
     }
@@ -166,6 +160,18 @@ impl H1Error {
                 | H1Error::Chunked(_)
         )
     }
+}
+
+/// Whether an I/O error is the connection closing or being reset under the exchange
+/// (what a pod closing an idle connection looks like), for either client.
+pub(crate) fn is_connection_break(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
 }
 
 /// Send `req`'s head on `stream` (its body is not sent: the caller passes only
