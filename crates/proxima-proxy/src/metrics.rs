@@ -118,7 +118,12 @@ pub struct MetricsOptions {
 
 /// The metrics of every service seen, by key; shared with the [`EndpointCounters`]
 /// collector, which renders the per-pod counters from it.
-type ServiceMap = ArcSwap<HashMap<ServiceKey, Arc<ServiceMetrics>>>;
+type ServiceMap = ArcSwap<FastMap<ServiceKey, Arc<ServiceMetrics>>>;
+
+/// The maps read on every request (a service's and a pod's handles): foldhash, seeded
+/// per process, hashes a key in a few nanoseconds where std's SipHash takes tens; their
+/// keys come from discovery, not from clients.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 const REQUESTS: (&str, &str) = (
     "proxima_requests_total",
@@ -270,7 +275,7 @@ pub(crate) struct ServiceMetrics {
     overdue: LazyCounter,
     abandoned: LazyCounter,
     /// By endpoint id; the key is the endpoint's `endpoint` label value.
-    endpoints: ArcSwap<HashMap<Arc<str>, Arc<EndpointMetrics>>>,
+    endpoints: ArcSwap<FastMap<Arc<str>, Arc<EndpointMetrics>>>,
     writer: Mutex<()>,
 }
 
@@ -437,7 +442,7 @@ impl Metrics {
             "Requests answered 503 at once because the most requests allowed in flight were.",
         )?;
         registry.register(Box::new(shed.clone()))?;
-        let services: Arc<ServiceMap> = Arc::new(ArcSwap::from_pointee(HashMap::new()));
+        let services: Arc<ServiceMap> = Arc::new(ArcSwap::from_pointee(FastMap::default()));
         registry.register(Box::new(EndpointCounters::new(
             services.clone(),
             vecs.requests.clone(),
@@ -498,10 +503,10 @@ impl Metrics {
             picks: std::array::from_fn(|_| LazyCounter::new()),
             overdue: LazyCounter::new(),
             abandoned: LazyCounter::new(),
-            endpoints: ArcSwap::from_pointee(HashMap::new()),
+            endpoints: ArcSwap::from_pointee(FastMap::default()),
             writer: Mutex::new(()),
         });
-        let mut next = HashMap::clone(&current);
+        let mut next = FastMap::clone(&current);
         next.insert(key.clone(), m.clone());
         self.services.store(Arc::new(next));
         m
@@ -539,7 +544,7 @@ impl Metrics {
     pub fn forget_missing(&self, table: &Table) {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.services.load_full();
-        let mut next = HashMap::with_capacity(current.len());
+        let mut next = FastMap::with_capacity_and_hasher(current.len(), Default::default());
         let mut changed = false;
         for (key, service) in current.iter() {
             let Some(route) = table.services.get(key) else {
@@ -590,7 +595,7 @@ impl ServiceMetrics {
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
             other_codes: Mutex::new(Vec::new()),
         });
-        let mut next = HashMap::clone(&current);
+        let mut next = FastMap::clone(&current);
         next.insert(endpoint, m.clone());
         self.endpoints.store(Arc::new(next));
         m
@@ -654,7 +659,7 @@ impl ServiceMetrics {
         if current.keys().all(|id| live.contains(&**id)) {
             return;
         }
-        let mut next = HashMap::with_capacity(current.len());
+        let mut next = FastMap::with_capacity_and_hasher(current.len(), Default::default());
         for (id, m) in current.iter() {
             if live.contains(&**id) {
                 next.insert(id.clone(), m.clone());

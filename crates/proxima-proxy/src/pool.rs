@@ -165,7 +165,8 @@ struct Idle {
 /// The idle connections: per address oldest first, and every one by age.
 #[derive(Debug, Default)]
 struct Lists {
-    by_addr: HashMap<SocketAddr, VecDeque<Idle>>,
+    /// foldhash: looked up on every take and return, and the addresses are pods'.
+    by_addr: HashMap<SocketAddr, VecDeque<Idle>, foldhash::fast::RandomState>,
     /// Sequence number (increasing with the time of return) -> address.
     by_age: BTreeMap<u64, SocketAddr>,
     /// The same for the connections that are not parked.
