@@ -120,7 +120,7 @@ impl ServiceRoute {
 #[derive(Debug, Default)]
 pub struct Table {
     /// Looked up on every pick, so hashed with foldhash rather than SipHash.
-    pub services: HashMap<ServiceKey, Arc<ServiceRoute>, foldhash::fast::RandomState>,
+    pub services: foldhash::HashMap<ServiceKey, Arc<ServiceRoute>>,
     /// Every known node, by name.
     pub nodes: BTreeMap<String, Node>,
     /// Node latencies and usage as last published ([`Router::update_environment`]).

@@ -52,6 +52,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+// The maps read on every request (a service's and a pod's handles) hash with foldhash,
+// seeded per process, like the core's table: cheaper than SipHash, and their keys come
+// from discovery, not from clients.
+use foldhash::HashMap as FastMap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
@@ -119,11 +123,6 @@ pub struct MetricsOptions {
 /// The metrics of every service seen, by key; shared with the [`EndpointCounters`]
 /// collector, which renders the per-pod counters from it.
 type ServiceMap = ArcSwap<FastMap<ServiceKey, Arc<ServiceMetrics>>>;
-
-/// The maps read on every request (a service's and a pod's handles): foldhash, seeded
-/// per process, hashes a key in a few nanoseconds where std's SipHash takes tens; their
-/// keys come from discovery, not from clients.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 const REQUESTS: (&str, &str) = (
     "proxima_requests_total",

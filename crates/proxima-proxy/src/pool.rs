@@ -56,7 +56,7 @@
 //! pop (eviction by age is a lookup in an ordered map), and connections that are closed
 //! are dropped after the lock is released.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,7 +166,7 @@ struct Idle {
 #[derive(Debug, Default)]
 struct Lists {
     /// foldhash: looked up on every take and return, and the addresses are pods'.
-    by_addr: HashMap<SocketAddr, VecDeque<Idle>, foldhash::fast::RandomState>,
+    by_addr: foldhash::HashMap<SocketAddr, VecDeque<Idle>>,
     /// Sequence number (increasing with the time of return) -> address.
     by_age: BTreeMap<u64, SocketAddr>,
     /// The same for the connections that are not parked.
