@@ -42,7 +42,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -150,6 +150,11 @@ impl ConnActivity {
 
     fn last_io(&self) -> Instant {
         self.born + Duration::from_millis(self.last_io_ms.load(Ordering::Relaxed))
+    }
+
+    /// No request is in flight.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) == 0
     }
 
     /// A request's headers have arrived; it is in flight until the guard is dropped.
@@ -396,6 +401,71 @@ impl<S> Watched<S> {
     }
 }
 
+impl<S> Watched<S> {
+    /// `new` bytes were read: note the time and, between requests, how far the next
+    /// request line has come (for [`Watched::replacement`]).
+    fn note_read(&mut self, new: &[u8]) {
+        let at_ms = self.activity.touch();
+        let idle = self.idle();
+        if idle {
+            self.activity.head_bytes(at_ms);
+        }
+        let started = self.activity.started.load(Ordering::Relaxed);
+        if started != self.counted_from {
+            // A request began since: what is read between requests now is the next head.
+            self.counted_from = started;
+            self.line = 0;
+            self.line_done = false;
+        }
+        if idle && !self.line_done {
+            match new.iter().position(|b| *b == b'\n') {
+                Some(at) => {
+                    self.line += at;
+                    self.line_done = true;
+                }
+                None => self.line += new.len(),
+            }
+        }
+    }
+}
+
+impl Watched<tokio::net::TcpStream> {
+    /// Read what the socket has into `buf` (for the proxy's own HTTP/1.1 server,
+    /// `serve_h1.rs`), making room for `room` bytes first if it has less; `Ok(0)` is the
+    /// end of the stream. A read that empties the receive queue also forgets the
+    /// socket's readiness without a system call (see `h1::forget_readable`), so that
+    /// watching the socket for a close while a request is forwarded costs nothing.
+    pub(crate) fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut bytes::BytesMut,
+        room: usize,
+    ) -> Poll<io::Result<usize>> {
+        if buf.capacity() - buf.len() < room / 4 {
+            buf.reserve(room);
+        }
+        let space = buf.capacity() - buf.len();
+        let before = buf.len();
+        loop {
+            match self.inner.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(self.inner.poll_read_ready(cx))?;
+                }
+                Ok(n) => {
+                    if n > 0 {
+                        self.note_read(&buf[before..]);
+                        if n < space {
+                            crate::h1::forget_readable(&self.inner);
+                        }
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -406,28 +476,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            let at_ms = this.activity.touch();
-            let idle = this.idle();
-            if idle {
-                this.activity.head_bytes(at_ms);
-            }
-            let started = this.activity.started.load(Ordering::Relaxed);
-            if started != this.counted_from {
-                // A request began since: what is read between requests now is the next head.
-                this.counted_from = started;
-                this.line = 0;
-                this.line_done = false;
-            }
-            if idle && !this.line_done {
-                let new = &buf.filled()[before..];
-                match new.iter().position(|b| *b == b'\n') {
-                    Some(at) => {
-                        this.line += at;
-                        this.line_done = true;
-                    }
-                    None => this.line += new.len(),
-                }
-            }
+            this.note_read(&buf.filled()[before..]);
         }
         polled
     }

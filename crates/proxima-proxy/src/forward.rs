@@ -47,7 +47,6 @@ use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use proxima_core::{EndpointId, Outcome, PickError, Picked, PoolChange, PortRef, ServiceKey};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -396,7 +395,7 @@ impl Replay {
 /// Turn the client's request into the request for the pod: hop-by-hop headers out,
 /// forwarding headers in, origin-form URI, HTTP/1.1, `Host` kept (or taken from the
 /// HTTP/2 `:authority`).
-fn prepare(req: Request<Incoming>, client_ip: &HeaderValue) -> Request<RequestBody> {
+fn prepare(req: Request<RequestBody>, client_ip: &HeaderValue) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     add_forwarded(&mut parts.headers, client_ip);
@@ -415,17 +414,18 @@ fn prepare(req: Request<Incoming>, client_ip: &HeaderValue) -> Request<RequestBo
     }
     parts.version = Version::HTTP_11;
     parts.extensions.clear();
-    let body = if body.is_end_stream() {
-        RequestBody::Empty
-    } else {
-        // A body of unknown length goes chunked. Say so explicitly: hyper's client would
-        // otherwise send a GET or HEAD body as no body at all.
-        if body.size_hint().exact().is_none() && !parts.headers.contains_key(CONTENT_LENGTH) {
-            parts
-                .headers
-                .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    let body = match body {
+        RequestBody::Client(body) if !body.is_end_stream() => {
+            // A body of unknown length goes chunked. Say so explicitly: hyper's client
+            // would otherwise send a GET or HEAD body as no body at all.
+            if body.size_hint().exact().is_none() && !parts.headers.contains_key(CONTENT_LENGTH) {
+                parts
+                    .headers
+                    .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            }
+            RequestBody::Client(body)
         }
-        RequestBody::Client(body)
+        _ => RequestBody::Empty,
     };
     Request::from_parts(parts, body)
 }
@@ -605,7 +605,7 @@ impl Proxy {
     /// Forward one client request (see the module docs).
     pub(crate) async fn forward(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         target: Result<Target, BadTarget>,
         client_ip: HeaderValue,
     ) -> Response<ResponseBody> {

@@ -291,7 +291,7 @@ fn poll_fill(
 /// would otherwise cost a system call on every reuse. Anything the pod sends later
 /// (a close, stray bytes) arrives as a new readiness event, and a close already seen
 /// is kept (tokio never clears it).
-fn forget_readable(stream: &TcpStream) {
+pub(crate) fn forget_readable(stream: &TcpStream) {
     let _ = stream.try_io(Interest::READABLE, || {
         Err::<(), _>(io::ErrorKind::WouldBlock.into())
     });
@@ -529,7 +529,7 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
 }
 
 /// Whether the pod lets the connection be reused (RFC 9112 §9.3).
-fn persistent(version: Version, headers: &HeaderMap) -> bool {
+pub(crate) fn persistent(version: Version, headers: &HeaderMap) -> bool {
     let (mut close, mut keep_alive) = (false, false);
     for value in headers.get_all(CONNECTION) {
         for token in value.as_bytes().split(|&b| b == b',') {

@@ -38,6 +38,7 @@ mod pool;
 mod prober;
 mod reply;
 mod request_body;
+mod serve_h1;
 mod server;
 mod spans;
 mod stall;

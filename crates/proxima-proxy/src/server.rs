@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,8 @@ use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::forward::{BadTarget, Target};
 use crate::metrics::CloseReason;
 use crate::reply;
+use crate::request_body::RequestBody;
+use crate::serve_h1;
 use crate::target::{TargetCache, TargetError, TargetSource};
 use crate::{Proxy, ProxyConfig};
 
@@ -78,10 +81,10 @@ fn names_a_machine(value: &str) -> bool {
 /// Which service `req` names: the service header; else the authority of an
 /// absolute-form URI or HTTP/2 `:authority` (RFC 9112 §3.2.2: it wins over `Host`); else
 /// `Host`. A `Host` or authority that is `localhost` or an IP address names no service.
-fn resolve(
+fn resolve<B>(
     config: &ProxyConfig,
     cache: &mut TargetCache,
-    req: &Request<Incoming>,
+    req: &Request<B>,
 ) -> Result<Target, BadTarget> {
     let headers = req.headers();
     let missing = || BadTarget {
@@ -121,24 +124,35 @@ fn resolve(
 /// hyper's default HTTP/1 read buffer limit (8 KiB + 100 × 4 KiB).
 const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 
-fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper answers 431 or 414 itself (without our JSON body) when a request head
-    // outgrows its read buffer or header array; keep both well above the proxy's own
-    // limits, so that the proxy's checks, with their JSON answers, are what clients
-    // normally meet.
-    let buffer = config
+// hyper answers 431 or 414 itself (without our JSON body) when a request head outgrows
+// its read buffer or header array; both are kept well above the proxy's own limits, so
+// that the proxy's checks, with their JSON answers, are what clients normally meet. The
+// native loop hands such heads to hyper at the same sizes.
+
+/// hyper's HTTP/1 read buffer, and the longest head the native loop reads.
+fn hyper_buffer(config: &ProxyConfig) -> usize {
+    config
         .max_header_bytes
         .saturating_add(config.max_uri_bytes)
         .saturating_mul(4)
-        .max(HYPER_DEFAULT_MAX_BUF);
+        .max(HYPER_DEFAULT_MAX_BUF)
+}
+
+/// Header lines hyper parses at most, and the native loop too.
+fn hyper_max_headers(config: &ProxyConfig) -> usize {
+    config.max_request_headers.saturating_mul(4).max(100)
+}
+
+fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let buffer = hyper_buffer(config);
     builder
         .http1()
         // The header timeout is the connection driver's (`conn.rs`): hyper's would arm a
         // timer for every request.
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_headers(config.max_request_headers.saturating_mul(4).max(100))
+        .max_headers(hyper_max_headers(config))
         .max_buf_size(buffer);
     builder
         .http2()
@@ -149,10 +163,7 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
 
 /// The proxy's own request limits, answered with JSON: too many header lines (431), a
 /// request target too long (414).
-fn over_limits(
-    proxy: &Proxy,
-    req: &Request<Incoming>,
-) -> Option<http::Response<crate::ResponseBody>> {
+fn over_limits<B>(proxy: &Proxy, req: &Request<B>) -> Option<http::Response<crate::ResponseBody>> {
     let config = &proxy.config;
     let (status, error, detail) = if req.headers().len() > config.max_request_headers {
         (
@@ -311,6 +322,10 @@ pub async fn serve(
 
 /// Serve one client connection, closing it when it is silent, idle or stalled (see
 /// `conn.rs`) or, gracefully, when `stop` turns true.
+///
+/// The connection starts on the proxy's own HTTP/1.1 loop (`serve_h1.rs`); hyper takes
+/// it over, with the bytes read so far, at the first request that loop leaves to it
+/// (a body, an upgrade, HTTP/2, a head it cannot parse).
 async fn drive(
     proxy: Arc<Proxy>,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -325,57 +340,43 @@ async fn drive(
     gauge.inc();
     let _ = stream.set_nodelay(true);
     let activity = ConnActivity::new(Instant::now());
-    let service = connection_service(proxy.clone(), peer, activity.clone());
-    let io = TokioIo::new(Watched::new(
-        stream,
-        activity.clone(),
-        proxy.config.max_uri_bytes,
-    ));
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
-    // One timer per connection, moved only when it fires (see `conn.rs`).
-    let check = tokio::time::sleep_until(activity.next_check(&timeouts, Instant::now()).into());
-    tokio::pin!(check);
-    let mut closing = false;
-    let mut stopping = *stop.borrow();
-    if stopping {
-        conn.as_mut().graceful_shutdown();
-    }
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(error) = result {
-                    debug!(%peer, %error, "client connection ended with an error");
-                }
-                break;
-            }
-            changed = stop.changed(), if !stopping => {
-                if changed.is_err() || *stop.borrow() {
-                    stopping = true;
-                    closing = false;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
-            () = check.as_mut(), if closing || !stopping => {
-                if closing {
-                    debug!(%peer, "client did not close in time; dropping the connection");
+    let service = ConnService::new(proxy.clone(), peer, activity.clone());
+    let io = Watched::new(stream, activity.clone(), proxy.config.max_uri_bytes);
+    let mut watchdog = Watchdog {
+        check: Box::pin(tokio::time::sleep_until(
+            activity.next_check(&timeouts, Instant::now()).into(),
+        )),
+        timeouts,
+        activity,
+        proxy: &proxy,
+        peer,
+        closing: false,
+        stopping: *stop.borrow(),
+    };
+    let limits = serve_h1::Limits {
+        max_head: hyper_buffer(&proxy.config),
+        max_headers: hyper_max_headers(&proxy.config),
+    };
+    if let Some((io, buffered, cache)) =
+        serve_natively(&service, io, limits, &mut watchdog, &mut stop).await
+    {
+        let io = TokioIo::new(serve_h1::Rewound::new(buffered, io));
+        let conn = builder.serve_connection(io, hyper_service(service, cache));
+        tokio::pin!(conn);
+        if watchdog.stopping {
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(error) = result {
+                        debug!(%peer, %error, "client connection ended with an error");
+                    }
                     break;
                 }
-                let now = Instant::now();
-                match activity.verdict(&timeouts, now) {
-                    Verdict::Keep => check.as_mut().reset(activity.next_check(&timeouts, now).into()),
-                    Verdict::Close(reason) => {
-                        debug!(%peer, reason = reason.as_str(), "closing client connection");
-                        proxy.metrics.connection_closed(reason);
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                        check.as_mut().reset((now + CLOSE_GRACE).into());
-                    }
-                    Verdict::Cut(reason) => {
-                        debug!(%peer, reason = reason.as_str(), "cutting stalled client connection");
-                        proxy.metrics.connection_closed(reason);
-                        break;
-                    }
+                event = watchdog.next(&mut stop) => match event {
+                    Event::Graceful => conn.as_mut().graceful_shutdown(),
+                    Event::Cut => break,
                 }
             }
         }
@@ -383,58 +384,186 @@ async fn drive(
     gauge.dec();
 }
 
-/// The per-connection service: resolve the target, then forward.
-fn connection_service(
-    proxy: Arc<Proxy>,
-    peer: SocketAddr,
+/// The native phase of [`drive`]: `Some` with the socket, the bytes read and the
+/// target cache when hyper is to take the connection over.
+async fn serve_natively(
+    service: &ConnService,
+    io: Watched<TcpStream>,
+    limits: serve_h1::Limits,
+    watchdog: &mut Watchdog<'_>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(Watched<TcpStream>, bytes::Bytes, TargetCache)> {
+    if watchdog.stopping {
+        return None;
+    }
+    let close_after_response = AtomicBool::new(false);
+    let native = serve_h1::serve(service, io, limits, &close_after_response);
+    tokio::pin!(native);
+    loop {
+        tokio::select! {
+            served = native.as_mut() => return match served {
+                serve_h1::Served::Closed => None,
+                serve_h1::Served::Handoff { io, buffered, cache } => Some((io, buffered, cache)),
+            },
+            event = watchdog.next(stop) => match event {
+                Event::Cut => return None,
+                // Between requests the connection just closes, as hyper's would; a
+                // request in flight is answered first, with `connection: close`.
+                Event::Graceful if watchdog.activity.is_idle() => return None,
+                Event::Graceful => close_after_response.store(true, Ordering::Relaxed),
+            }
+        }
+    }
+}
+
+/// What the connection driver must do.
+enum Event {
+    /// Finish what runs, then close (HTTP/1.1 `connection: close`, HTTP/2 GOAWAY).
+    Graceful,
+    /// Drop the connection now.
+    Cut,
+}
+
+/// The connection's timeouts and the proxy's shutdown, as events for the driver: one
+/// timer per connection, moved only when it fires (see `conn.rs`).
+struct Watchdog<'a> {
+    check: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeouts: ConnTimeouts,
     activity: Arc<ConnActivity>,
-) -> impl hyper::service::Service<
-    Request<Incoming>,
-    Response = http::Response<crate::ResponseBody>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::ResponseBody>, Infallible>> + Send,
-> + Send {
-    // Formatted once per connection and shared by its requests.
-    let client_ip = HeaderValue::from_str(&peer.ip().to_canonical().to_string())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-    let cache = RefCell::new(TargetCache::default());
-    service_fn(move |req: Request<Incoming>| {
-        let in_flight = activity.begin(req.version() < http::Version::HTTP_2);
+    proxy: &'a Proxy,
+    peer: SocketAddr,
+    /// Asked to close; cut when [`CLOSE_GRACE`] is over.
+    closing: bool,
+    /// The proxy is shutting down (its own grace period bounds the rest).
+    stopping: bool,
+}
+
+impl Watchdog<'_> {
+    /// The next event. Cancel-safe: state changes only after the last wait.
+    async fn next(&mut self, stop: &mut watch::Receiver<bool>) -> Event {
+        loop {
+            tokio::select! {
+                changed = stop.changed(), if !self.stopping => {
+                    if changed.is_err() || *stop.borrow() {
+                        self.stopping = true;
+                        self.closing = false;
+                        return Event::Graceful;
+                    }
+                }
+                () = self.check.as_mut(), if self.closing || !self.stopping => {
+                    let peer = self.peer;
+                    if self.closing {
+                        debug!(%peer, "client did not close in time; dropping the connection");
+                        return Event::Cut;
+                    }
+                    let now = Instant::now();
+                    match self.activity.verdict(&self.timeouts, now) {
+                        Verdict::Keep => self
+                            .check
+                            .as_mut()
+                            .reset(self.activity.next_check(&self.timeouts, now).into()),
+                        Verdict::Close(reason) => {
+                            debug!(%peer, reason = reason.as_str(), "closing client connection");
+                            self.proxy.metrics.connection_closed(reason);
+                            self.closing = true;
+                            self.check.as_mut().reset((now + CLOSE_GRACE).into());
+                            return Event::Graceful;
+                        }
+                        Verdict::Cut(reason) => {
+                            debug!(%peer, reason = reason.as_str(), "cutting stalled client connection");
+                            self.proxy.metrics.connection_closed(reason);
+                            return Event::Cut;
+                        }
+                    }
+                }
+                else => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
+/// What serves the requests of one client connection, whichever server reads them
+/// (the native loop of `serve_h1.rs` or hyper's): resolve the target, then forward.
+pub(crate) struct ConnService {
+    proxy: Arc<Proxy>,
+    /// Formatted once per connection and shared by its requests.
+    client_ip: HeaderValue,
+    activity: Arc<ConnActivity>,
+}
+
+impl ConnService {
+    fn new(proxy: Arc<Proxy>, peer: SocketAddr, activity: Arc<ConnActivity>) -> Arc<Self> {
+        let client_ip = HeaderValue::from_str(&peer.ip().to_canonical().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Arc::new(Self {
+            proxy,
+            client_ip,
+            activity,
+        })
+    }
+
+    /// The answer to `req`; `cache` remembers the connection's last service name.
+    pub(crate) fn call(
+        &self,
+        cache: &mut TargetCache,
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = http::Response<crate::ResponseBody>> + Send + 'static {
+        let proxy = &self.proxy;
+        let in_flight = self.activity.begin(req.version() < http::Version::HTTP_2);
         let admission = proxy.admission.clone().try_acquire_owned().ok();
         let refused = match admission {
-            None => Some(shed(&proxy)),
-            Some(_) => over_limits(&proxy, &req),
+            None => Some(shed(proxy)),
+            Some(_) => over_limits(proxy, &req),
         };
         let work = match refused {
             Some(refused) => Err(refused),
             None => {
-                let target = match cache.try_borrow_mut() {
-                    Ok(mut cache) => resolve(&proxy.config, &mut cache, &req),
-                    Err(_) => resolve(&proxy.config, &mut TargetCache::default(), &req),
-                };
+                let target = resolve(&proxy.config, cache, &req);
                 let named = target.as_ref().map(|t| &*t.key);
                 let span = crate::spans::request(named.map_err(|bad| bad.named.as_str()));
                 Ok((req, target, span))
             }
         };
         let proxy = proxy.clone();
-        let client_ip = client_ip.clone();
+        let client_ip = self.client_ip.clone();
         async move {
             // The forwarding future is several KiB: it is built here, inside this
-            // future's own state, so that hyper moves only the small unstarted future.
+            // future's own state, so that the server moves only the small unstarted
+            // future.
             let response = match work {
                 Err(refused) => refused,
                 Ok((req, target, span)) => {
                     proxy.forward(req, target, client_ip).instrument(span).await
                 }
             };
-            Ok::<_, Infallible>(response.map(|body| {
+            response.map(|body| {
                 let body = body.holding(in_flight);
                 match admission {
                     Some(permit) => body.admitted(permit),
                     None => body,
                 }
-            }))
+            })
         }
+    }
+}
+
+/// hyper's service for a connection it took over, with the connection's target cache.
+fn hyper_service(
+    service: Arc<ConnService>,
+    cache: TargetCache,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = http::Response<crate::ResponseBody>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<crate::ResponseBody>, Infallible>> + Send,
+> + Send {
+    let cache = RefCell::new(cache);
+    service_fn(move |req: Request<Incoming>| {
+        let req = req.map(RequestBody::Client);
+        let answer = match cache.try_borrow_mut() {
+            Ok(mut cache) => service.call(&mut cache, req),
+            Err(_) => service.call(&mut TargetCache::default(), req),
+        };
+        async move { Ok::<_, Infallible>(answer.await) }
     })
 }

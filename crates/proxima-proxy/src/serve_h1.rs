@@ -1,0 +1,752 @@
+//! The proxy's own HTTP/1.1 server loop, for the requests nearly all edge traffic is made
+//! of: a head and no body (GETs, HEADs, probes, DELETEs). It reads and parses the
+//! request head (`httparse`, header values sharing the read buffer), hands the request
+//! to the same per-connection service as hyper's server, and writes the response head
+//! and body itself, the head and the first body frame in one `writev`.
+//!
+//! Anything else goes to hyper for the rest of the connection, with the bytes read so far
+//! replayed in front of the socket ([`Rewound`]): a request with a body, `Expect`,
+//! `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface, a head that does not parse or that
+//! outgrows the read limit. hyper then behaves exactly as if it had had the connection
+//! from the start, answers included (its own `400`/`431`/`414`, which `conn.rs` dresses
+//! as JSON). The native loop never answers a protocol error itself.
+//!
+//! What the loop keeps of hyper's HTTP/1.1 server (RFC 9112):
+//!
+//! * persistence (§9.3): `Connection: close`, HTTP/1.0 without `keep-alive`, or a
+//!   graceful close asked by the connection driver end the connection after the
+//!   current response, which then says `connection: close`;
+//! * framing of the response (§6.3): the pod's `Content-Length`, else the body's exact
+//!   size, else chunked for HTTP/1.1 and close-delimited for HTTP/1.0; no body for
+//!   `HEAD`, `1xx`, `204` and `304`. Trailers are dropped (a request that sends `TE`,
+//!   the only one that may receive them, goes to hyper). A body that breaks off, or
+//!   ends short of its length, closes the connection, so the client sees a cut answer;
+//! * pipelining: bytes after a head stay buffered for the next request;
+//! * a client that closes while its request waits for the pod aborts the request (its
+//!   future is dropped, so `forward.rs` measures the wait as abandoned), as with hyper,
+//!   which also watches for that only while no pipelined bytes are buffered;
+//! * a `date` header on answers without one, formatted once per second per thread.
+//!
+//! Timeouts and close reasons stay with the connection driver (`server.rs`, `conn.rs`),
+//! which sees this loop's reads and writes through the same [`Watched`] socket.
+
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::body::ResponseBody;
+use crate::conn::Watched;
+use crate::request_body::RequestBody;
+use crate::server::ConnService;
+use crate::target::TargetCache;
+
+/// Bytes a read makes room for.
+const READ_SIZE: usize = 8 * 1024;
+/// Header slots on the stack; more go to the heap for that parse.
+const STACK_HEADER_SLOTS: usize = 128;
+
+/// What became of a connection when the loop let go of it.
+pub(crate) enum Served {
+    /// Closed (by either side, or after its last response).
+    Closed,
+    /// Not for this loop: hyper takes it over, `buffered` first.
+    Handoff {
+        io: Watched<TcpStream>,
+        buffered: Bytes,
+        cache: TargetCache,
+    },
+}
+
+/// Limits of the loop, from the proxy's configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// A head not complete within this many bytes goes to hyper, whose read buffer is
+    /// this large too, and which answers `431` or `414`.
+    pub(crate) max_head: usize,
+    /// Header lines parsed at most; more go to hyper (which then answers `431`).
+    pub(crate) max_headers: usize,
+}
+
+/// Serve HTTP/1.x requests on `io` until the connection closes, or until one arrives
+/// that is not for this loop (see the module docs). `closing` is set by the connection
+/// driver to end the connection after the current response.
+pub(crate) async fn serve(
+    service: &ConnService,
+    mut io: Watched<TcpStream>,
+    limits: Limits,
+    closing: &AtomicBool,
+) -> Served {
+    let mut buf = BytesMut::new();
+    let mut cache = TargetCache::default();
+    let mut fields: Vec<Field> = Vec::new();
+    let mut head_out: Vec<u8> = Vec::new();
+    // Bytes of `buf` already known to hold no complete head.
+    let mut searched = 0;
+    loop {
+        let parsed = loop {
+            // A head ends with a line end, so it can only have become complete if the
+            // new bytes hold one: a client sending a byte at a time cannot make the
+            // parse quadratic.
+            if buf[searched..].contains(&b'\n') {
+                match parse_request(&mut buf, limits.max_headers, &mut fields) {
+                    Parse::Partial => {}
+                    Parse::Request(parsed) => break parsed,
+                    Parse::NotNative => return handoff(io, buf, cache),
+                }
+            }
+            searched = buf.len();
+            if buf.len() >= limits.max_head {
+                return handoff(io, buf, cache);
+            }
+            match std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, READ_SIZE)).await {
+                Ok(0) | Err(_) => return Served::Closed,
+                Ok(_) => {}
+            }
+        };
+        searched = 0;
+        let Native {
+            request,
+            keep_alive,
+        } = parsed;
+        let head_request = request.method() == Method::HEAD;
+        let version = request.version();
+        let answer = service.call(&mut cache, request);
+        tokio::pin!(answer);
+        // While the pod is asked, a close by the client aborts the request (the answer's
+        // future is dropped). As in hyper, the socket is watched only while nothing of a
+        // next request is buffered: a client that pipelines and then half-closes still
+        // gets its answers.
+        let response = loop {
+            let watching = buf.is_empty();
+            tokio::select! {
+                biased;
+                response = answer.as_mut() => break response,
+                read = std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, READ_SIZE)), if watching => {
+                    match read {
+                        Ok(0) | Err(_) => return Served::Closed,
+                        Ok(_) => {}
+                    }
+                }
+            }
+        };
+        let close = !keep_alive || closing.load(Ordering::Relaxed);
+        match respond(
+            &mut io,
+            &mut head_out,
+            response,
+            version,
+            head_request,
+            close,
+        )
+        .await
+        {
+            Ok(true) => {}
+            Ok(false) | Err(_) => {
+                let _ = io.shutdown().await;
+                return Served::Closed;
+            }
+        }
+        if closing.load(Ordering::Relaxed) {
+            let _ = io.shutdown().await;
+            return Served::Closed;
+        }
+    }
+}
+
+fn handoff(io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Served {
+    Served::Handoff {
+        io,
+        buffered: buf.freeze(),
+        cache,
+    }
+}
+
+/// A request this loop serves, and whether the client lets the connection be reused.
+struct Native {
+    request: Request<RequestBody>,
+    keep_alive: bool,
+}
+
+// Returned once per request and matched at once; boxing the request would cost an
+// allocation per request to save a move.
+#[allow(clippy::large_enum_variant)]
+enum Parse {
+    Partial,
+    Request(Native),
+    NotNative,
+}
+
+/// A header field as parsed: its name, and where its value lies in the head.
+struct Field {
+    name: HeaderName,
+    value: Range<usize>,
+}
+
+/// Parse the request head at the start of `buf`. On success the head is split off
+/// `buf` (what follows stays, for the next request) and the request's values share it.
+fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>) -> Parse {
+    let max_headers = max_headers.max(1);
+    let mut stack = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADER_SLOTS];
+    let mut heap = Vec::new();
+    let slots = if max_headers <= STACK_HEADER_SLOTS {
+        &mut stack[..max_headers]
+    } else {
+        heap.reserve_exact(max_headers);
+        &mut heap.spare_capacity_mut()[..max_headers]
+    };
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parse::Partial,
+        Err(_) => return Parse::NotNative,
+    };
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        Some(1) => Version::HTTP_11,
+        _ => return Parse::NotNative,
+    };
+    let Ok(method) = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes()) else {
+        return Parse::NotNative;
+    };
+    if method == Method::CONNECT {
+        return Parse::NotNative;
+    }
+    let base = buf.as_ptr() as usize;
+    let offset = |part: &[u8]| {
+        let start = part.as_ptr() as usize - base;
+        start..start + part.len()
+    };
+    let Some(path) = parsed.path else {
+        return Parse::NotNative;
+    };
+    let target = offset(path.as_bytes());
+    fields.clear();
+    for header in parsed.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(header.name.as_bytes()) else {
+            return Parse::NotNative;
+        };
+        let body_or_switch = name == TRANSFER_ENCODING
+            || name == EXPECT
+            || name == UPGRADE
+            || name == TE
+            || (name == CONTENT_LENGTH && header.value.trim_ascii() != b"0");
+        if body_or_switch {
+            return Parse::NotNative;
+        }
+        fields.push(Field {
+            name,
+            value: offset(header.value),
+        });
+    }
+    let lengths = fields.iter().filter(|f| f.name == CONTENT_LENGTH).count();
+    if lengths > 1 {
+        return Parse::NotNative;
+    }
+    let head = buf.split_to(len).freeze();
+    // `http` refuses some targets httparse takes (longer than 65534 bytes, say): hyper
+    // answers those, so the head goes back in front of what followed it.
+    let give_back = |buf: &mut BytesMut| {
+        let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+        whole.extend_from_slice(&head);
+        whole.extend_from_slice(buf);
+        *buf = whole;
+        Parse::NotNative
+    };
+    let Ok(uri) = Uri::from_maybe_shared(head.slice(target)) else {
+        return give_back(buf);
+    };
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for field in fields.drain(..) {
+        let Ok(value) = HeaderValue::from_maybe_shared(head.slice(field.value)) else {
+            return give_back(buf);
+        };
+        headers.append(field.name, value);
+    }
+    let keep_alive = crate::h1::persistent(version, &headers);
+    let mut request = Request::new(RequestBody::Empty);
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = version;
+    *request.headers_mut() = headers;
+    Parse::Request(Native {
+        request,
+        keep_alive,
+    })
+}
+
+/// How the response body is delimited on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// Write `response`; `Ok(true)` when the connection may carry another request.
+async fn respond(
+    io: &mut Watched<TcpStream>,
+    head: &mut Vec<u8>,
+    response: Response<ResponseBody>,
+    version: Version,
+    head_request: bool,
+    close: bool,
+) -> io::Result<bool> {
+    let (mut parts, mut body) = response.into_parts();
+    let framing = framing(&mut parts, &body, version, head_request);
+    let close = close || framing == Framing::UntilClose;
+    encode_head(head, &parts, version, close);
+    let mut body = Pin::new(&mut body);
+    if framing == Framing::None {
+        write_all(io, &mut [IoSlice::new(head)]).await?;
+        return Ok(!close);
+    }
+    let mut head_sent = false;
+    let mut sent: u64 = 0;
+    loop {
+        // The first frame goes out with the head when it is already there; if not, the
+        // head goes alone at once (a slow body must not hold back the status).
+        let frame = if head_sent {
+            std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
+        } else {
+            match std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    write_all(io, &mut [IoSlice::new(head)]).await?;
+                    head_sent = true;
+                    continue;
+                }
+            }
+        };
+        let head_part: &[u8] = if head_sent { &[] } else { head };
+        match frame {
+            None => {
+                let ending: &[u8] = if framing == Framing::Chunked {
+                    b"0\r\n\r\n"
+                } else {
+                    b""
+                };
+                write_all(io, &mut [IoSlice::new(head_part), IoSlice::new(ending)]).await?;
+                let short = matches!(framing, Framing::Length(n) if n != sent);
+                return Ok(!close && !short);
+            }
+            Some(Err(_)) => {
+                // Cut off: the client must not take what it got for the whole answer.
+                if !head_sent {
+                    write_all(io, &mut [IoSlice::new(head_part)]).await?;
+                }
+                return Ok(false);
+            }
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers: dropped (see the module docs)
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                let len = data.len() as u64;
+                if let Framing::Length(n) = framing {
+                    if sent + len > n {
+                        // More than the length said: what fits goes, then the close.
+                        let fits = usize::try_from(n - sent).unwrap_or(0);
+                        write_all(
+                            io,
+                            &mut [IoSlice::new(head_part), IoSlice::new(&data[..fits])],
+                        )
+                        .await?;
+                        return Ok(false);
+                    }
+                }
+                if framing == Framing::Chunked {
+                    let size = format!("{len:x}\r\n");
+                    write_all(
+                        io,
+                        &mut [
+                            IoSlice::new(head_part),
+                            IoSlice::new(size.as_bytes()),
+                            IoSlice::new(&data),
+                            IoSlice::new(b"\r\n"),
+                        ],
+                    )
+                    .await?;
+                } else {
+                    write_all(io, &mut [IoSlice::new(head_part), IoSlice::new(&data)]).await?;
+                }
+                head_sent = true;
+                sent += len;
+            }
+        }
+    }
+}
+
+/// How the body of `parts` goes on the wire to a client speaking `version`; the
+/// framing headers are set to match.
+fn framing(
+    parts: &mut http::response::Parts,
+    body: &ResponseBody,
+    version: Version,
+    head_request: bool,
+) -> Framing {
+    let status = parts.status;
+    let no_body_status = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    parts.headers.remove(TRANSFER_ENCODING);
+    let declared = declared_length(&parts.headers);
+    if declared.is_none() && !no_body_status {
+        // The length the body has, if it is known (a HEAD answer says what a GET's would).
+        if let Some(exact) = body.size_hint().exact() {
+            if !(head_request && exact == 0) {
+                parts
+                    .headers
+                    .insert(CONTENT_LENGTH, HeaderValue::from(exact));
+                return if head_request {
+                    Framing::None
+                } else {
+                    Framing::Length(exact)
+                };
+            }
+        }
+    }
+    if head_request || no_body_status {
+        return Framing::None;
+    }
+    match declared {
+        Some(n) => Framing::Length(n),
+        None if version == Version::HTTP_11 => {
+            parts.headers.remove(CONTENT_LENGTH);
+            parts
+                .headers
+                .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            Framing::Chunked
+        }
+        None => {
+            parts.headers.remove(CONTENT_LENGTH);
+            Framing::UntilClose
+        }
+    }
+}
+
+/// The one valid `Content-Length` among `headers`, if there is one.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(CONTENT_LENGTH).iter();
+    let first = values.next()?;
+    if values.any(|other| other != first) {
+        return None;
+    }
+    let digits = first.as_bytes();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The status line and header fields, with `connection` and `date` as needed.
+fn encode_head(out: &mut Vec<u8>, parts: &http::response::Parts, version: Version, close: bool) {
+    out.clear();
+    out.extend_from_slice(if version == Version::HTTP_10 {
+        b"HTTP/1.0 "
+    } else {
+        b"HTTP/1.1 "
+    });
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+        Some(reason) => out.extend_from_slice(reason.as_bytes()),
+        None => out.extend_from_slice(
+            parts
+                .status
+                .canonical_reason()
+                .unwrap_or_default()
+                .as_bytes(),
+        ),
+    }
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name == CONNECTION {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if version == Version::HTTP_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    if !parts.headers.contains_key(DATE) {
+        out.extend_from_slice(b"date: ");
+        with_date(|date| out.extend_from_slice(date));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+thread_local! {
+    /// The second last formatted, and its IMF-fixdate.
+    static HTTP_DATE: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
+}
+
+/// Call `then` with the current date as an HTTP date (RFC 9110 §5.6.7).
+fn with_date(then: impl FnOnce(&[u8])) {
+    let now = SystemTime::now();
+    let second = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    HTTP_DATE.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != second {
+            let formatted = httpdate::fmt_http_date(now);
+            let bytes = formatted.as_bytes();
+            if bytes.len() == cached.1.len() {
+                cached.1.copy_from_slice(bytes);
+                cached.0 = second;
+            }
+        }
+        then(&cached.1);
+    });
+}
+
+/// Write every byte of `bufs` (empty ones are skipped).
+async fn write_all(io: &mut Watched<TcpStream>, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut bufs = &mut bufs[..];
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write_vectored(cx, bufs)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// A socket with bytes already read from it put back in front: what hyper reads when it
+/// takes a connection over from the native loop.
+pub(crate) struct Rewound<S> {
+    prefix: Bytes,
+    inner: S,
+}
+
+impl<S> Rewound<S> {
+    pub(crate) fn new(prefix: Bytes, inner: S) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewound<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewound<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(head: &[u8]) -> (Parse, BytesMut) {
+        let mut buf = BytesMut::from(head);
+        let parsed = parse_request(&mut buf, 100, &mut Vec::new());
+        (parsed, buf)
+    }
+
+    #[test]
+    fn a_bodyless_request_is_native_and_leaves_what_follows() {
+        let (parsed, rest) =
+            parse(b"GET /a?b=1 HTTP/1.1\r\nHost: svc\r\nX-Service: bench\r\n\r\nGET /next");
+        let Parse::Request(native) = parsed else {
+            panic!("not native")
+        };
+        assert!(native.keep_alive);
+        let request = native.request;
+        assert_eq!(request.method(), Method::GET);
+        assert_eq!(request.uri(), "/a?b=1");
+        assert_eq!(request.version(), Version::HTTP_11);
+        assert_eq!(request.headers()["x-service"], "bench");
+        assert_eq!(request.headers()["host"], "svc");
+        assert_eq!(&rest[..], b"GET /next");
+    }
+
+    #[test]
+    fn persistence_follows_the_version_and_connection() {
+        for (head, keep) in [
+            (&b"GET / HTTP/1.0\r\n\r\n"[..], false),
+            (b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", true),
+            (b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", false),
+            (b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", true),
+        ] {
+            let Parse::Request(native) = parse(head).0 else {
+                panic!("{head:?} not native")
+            };
+            assert_eq!(native.keep_alive, keep, "{head:?}");
+        }
+    }
+
+    #[test]
+    fn bodies_switches_and_oddities_go_to_hyper_with_nothing_consumed() {
+        for head in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"[..],
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
+            b"CONNECT svc:80 HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+            b"GET /\x7f HTTP/1.1\r\n\r\n",
+        ] {
+            let (parsed, rest) = parse(head);
+            assert!(matches!(parsed, Parse::NotNative), "{head:?}");
+            assert_eq!(&rest[..], head, "bytes kept for hyper");
+        }
+        // Refused only after the split (the target is too long for `http`): given back.
+        let long = format!("GET /{} HTTP/1.1\r\n\r\nGET /next", "u".repeat(70_000));
+        let (parsed, rest) = parse(long.as_bytes());
+        assert!(matches!(parsed, Parse::NotNative));
+        assert!(rest[..] == *long.as_bytes(), "bytes given back for hyper");
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nHost: a").0,
+            Parse::Partial
+        ));
+    }
+
+    fn framed(
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        version: Version,
+        head_request: bool,
+    ) -> (Framing, HeaderMap) {
+        let mut response = Response::new(ResponseBody::full(Bytes::copy_from_slice(body)));
+        *response.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (name, value) in headers {
+            response.headers_mut().append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        let (mut parts, body) = response.into_parts();
+        let framing = framing(&mut parts, &body, version, head_request);
+        (framing, parts.headers)
+    }
+
+    #[test]
+    fn the_response_framing_follows_rfc_9112() {
+        let v11 = Version::HTTP_11;
+        let (f, h) = framed(200, &[], b"hello", v11, false);
+        assert_eq!(
+            (f, h["content-length"].as_bytes()),
+            (Framing::Length(5), &b"5"[..])
+        );
+        let (f, h) = framed(200, &[("content-length", "5")], b"hello", v11, true);
+        assert_eq!(
+            (f, h["content-length"].as_bytes()),
+            (Framing::None, &b"5"[..])
+        );
+        let (f, h) = framed(200, &[], b"hello", v11, true);
+        assert_eq!(
+            (f, h["content-length"].as_bytes()),
+            (Framing::None, &b"5"[..])
+        );
+        let (f, h) = framed(204, &[], b"", v11, false);
+        assert_eq!(f, Framing::None);
+        assert!(!h.contains_key("content-length"));
+        let (f, h) = framed(304, &[("content-length", "9")], b"", v11, false);
+        assert_eq!(
+            (f, h["content-length"].as_bytes()),
+            (Framing::None, &b"9"[..])
+        );
+        let (f, _) = framed(200, &[("content-length", "5")], b"hello", v11, false);
+        assert_eq!(f, Framing::Length(5));
+        let (f, h) = framed(200, &[("transfer-encoding", "chunked")], b"hi", v11, false);
+        assert_eq!(
+            (f, h["content-length"].as_bytes()),
+            (Framing::Length(2), &b"2"[..])
+        );
+        assert!(!h.contains_key("transfer-encoding"));
+    }
+
+    #[test]
+    fn a_head_has_its_status_line_connection_and_date() {
+        let mut response = Response::new(ResponseBody::full(Bytes::new()));
+        *response.status_mut() = StatusCode::NOT_FOUND;
+        response
+            .headers_mut()
+            .insert("x-a", HeaderValue::from_static("1"));
+        let (parts, _) = response.into_parts();
+        let mut out = Vec::new();
+        encode_head(&mut out, &parts, Version::HTTP_10, false);
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert!(
+            text.starts_with(
+                "HTTP/1.0 404 Not Found\r\nx-a: 1\r\nconnection: keep-alive\r\ndate: "
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
+        encode_head(&mut out, &parts, Version::HTTP_11, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    }
+}
