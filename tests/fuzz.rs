@@ -1,7 +1,8 @@
 //! Fuzzing of everything that parses input from outside the proxy (issue 10): service
 //! names from `x-service`, `Host` and absolute URIs; topology files; Service annotations
 //! as the Kubernetes index reads them; what pods send back to the native HTTP/1.1
-//! exchange (response heads, body framing). Each property feeds random and mutated input and
+//! exchange (response heads, body framing); client request heads as the proxy's own
+//! HTTP/1.1 loop reads them (nothing it leaves to hyper may be consumed). Each property feeds random and mutated input and
 //! asserts only that nothing panics and that accepted names are well formed.
 //!
 //! A proptest harness rather than cargo-fuzz, which needs a nightly compiler. It runs with
@@ -17,7 +18,7 @@ use proptest::prelude::*;
 use proxima_core::ServiceSettings;
 use proxima_k8s::{Index, IndexConfig, Watched};
 use proxima_proxy::target::split_target;
-use proxima_proxy::{decode_for_fuzzing, parse_target, TargetSource};
+use proxima_proxy::{decode_for_fuzzing, parse_request_for_fuzzing, parse_target, TargetSource};
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROXIMA_FUZZ_CASES")
@@ -53,7 +54,16 @@ const RESPONSES: &[&[u8]] = &[
 ];
 
 /// A valid response, with byte ranges replaced, inserted or deleted.
-fn mutated_response() -> impl Strategy<Value = Vec<u8>> {
+/// Client request heads the proxy's own HTTP/1.1 loop serves, or leaves to hyper.
+const REQUESTS: &[&[u8]] = &[
+    b"GET /a?b=c HTTP/1.1\r\nhost: api\r\nx-service: api.default\r\n\r\nGET / HTTP/1.1\r\n",
+    b"HEAD / HTTP/1.0\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n",
+    b"POST /p HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\nabc",
+    b"GET http://api.default.svc:8080/x HTTP/1.1\r\nte: trailers\r\n\r\n",
+];
+
+/// A sample of `bases` with a few byte ranges replaced.
+fn mutated(bases: &'static [&'static [u8]]) -> impl Strategy<Value = Vec<u8>> {
     let edits = prop::collection::vec(
         (
             any::<prop::sample::Index>(),
@@ -68,7 +78,7 @@ fn mutated_response() -> impl Strategy<Value = Vec<u8>> {
         ),
         1..5,
     );
-    (prop::sample::select(RESPONSES), edits).prop_map(|(base, edits)| {
+    (prop::sample::select(bases), edits).prop_map(|(base, edits)| {
         let mut bytes = base.to_vec();
         for (at, remove, insert) in edits {
             let at = at.index(bytes.len() + 1);
@@ -142,10 +152,28 @@ proptest! {
     }
 
     #[test]
-    fn mutated_pod_responses_never_panic(bytes in mutated_response(), head in any::<bool>()) {
+    fn mutated_pod_responses_never_panic(bytes in mutated(RESPONSES), head in any::<bool>()) {
         let (parsed, decoded) = decode_for_fuzzing(&bytes, head, 100);
         // No more body than was sent.
         prop_assert!(!parsed || decoded <= bytes.len());
+    }
+
+    #[test]
+    fn arbitrary_client_requests_never_panic_nor_lose_bytes(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        max_headers in 0usize..8,
+    ) {
+        let (native, left) = parse_request_for_fuzzing(&bytes, max_headers);
+        let kept = if native { left < bytes.len() } else { left == bytes.len() };
+        prop_assert!(kept, "native {native}, {left} of {} bytes left", bytes.len());
+    }
+
+    #[test]
+    fn mutated_client_requests_never_panic_nor_lose_bytes(bytes in mutated(REQUESTS)) {
+        // What the native loop does not serve goes to hyper whole.
+        let (native, left) = parse_request_for_fuzzing(&bytes, 100);
+        let kept = if native { left < bytes.len() } else { left == bytes.len() };
+        prop_assert!(kept, "native {native}, {left} of {} bytes left", bytes.len());
     }
 
     #[test]

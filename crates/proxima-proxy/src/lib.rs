@@ -29,6 +29,7 @@
 mod body;
 mod config;
 mod conn;
+mod conn_service;
 mod connect;
 mod forward;
 mod h1;
@@ -61,6 +62,7 @@ pub use h1::decode_for_fuzzing;
 pub use h1::{H1Error, UpstreamError};
 pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
+pub use serve_h1::parse_request_for_fuzzing;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
 pub use workers::{serve_on_workers, Workers};

@@ -50,8 +50,8 @@ use tokio::net::TcpStream;
 
 use crate::body::ResponseBody;
 use crate::conn::Watched;
+use crate::conn_service::ConnService;
 use crate::request_body::RequestBody;
-use crate::server::ConnService;
 use crate::target::TargetCache;
 
 /// Bytes a read makes room for.
@@ -290,6 +290,19 @@ fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>
         request,
         keep_alive,
     })
+}
+
+/// For the fuzz tests: parse `input` as a client's request head, as the native loop
+/// does. Returns whether the loop would serve it itself, and how many bytes stay
+/// buffered (all of them when it would not: hyper gets every byte); never panics.
+#[doc(hidden)]
+pub fn parse_request_for_fuzzing(input: &[u8], max_headers: usize) -> (bool, usize) {
+    let mut buf = BytesMut::from(input);
+    let native = matches!(
+        parse_request(&mut buf, max_headers, &mut Vec::new()),
+        Parse::Request(_)
+    );
+    (native, buf.len())
 }
 
 /// How the response body is delimited on the wire.

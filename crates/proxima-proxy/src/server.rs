@@ -1,9 +1,11 @@
 //! The listening side: connections from clients, HTTP/1.1 and HTTP/2 (prior knowledge,
 //! `h2c`) on the same port, and graceful shutdown.
 //!
-//! Each connection gets a small service that resolves the target service of every
+//! Each connection is served by the proxy's own HTTP/1.1 loop (`serve_h1.rs`) until a
+//! request it leaves to hyper arrives, then by hyper's auto server, both calling the
+//! connection's service (`conn_service.rs`): admission, the target service of every
 //! request (reusing the previous key while the connection keeps naming the same
-//! service) and hands the request to [`Proxy::forward`](crate::Proxy). On shutdown the
+//! service), then [`Proxy::forward`](crate::Proxy). On shutdown the
 //! listener is closed at once, so new connections are refused, every open connection is
 //! asked to finish (HTTP/1.1 closes after the current response, HTTP/2 sends GOAWAY),
 //! and whatever still runs when `shutdown_grace` is over is cut off.
@@ -11,20 +13,19 @@
 //! Overload is met at two levels: connections beyond `max_client_connections` are
 //! closed as soon as they are accepted, and requests beyond `max_concurrent_requests` in
 //! flight (on any connection, HTTP/2 streams included) are answered `503` at once with a
-//! JSON body and `retry-after`, counted in `proxima_requests_shed_total` (see [`shed`]).
+//! JSON body and `retry-after`, counted in `proxima_requests_shed_total` (see `conn_service.rs`).
 //! Neither queues: a flood degrades into fast refusals instead of growing queues and
 //! latency for everyone.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::HOST;
-use http::{HeaderValue, Request, StatusCode};
+use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -32,15 +33,14 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 
 use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
-use crate::forward::{BadTarget, Target};
+use crate::conn_service::ConnService;
 use crate::metrics::CloseReason;
-use crate::reply;
 use crate::request_body::RequestBody;
 use crate::serve_h1;
-use crate::target::{TargetCache, TargetError, TargetSource};
+use crate::target::TargetCache;
 use crate::{Proxy, ProxyConfig};
 
 /// Pause after an accept error (e.g. out of file descriptors) before accepting again.
@@ -50,77 +50,6 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
 /// After an idle connection was asked to close (HTTP/2 GOAWAY), how long the client has
 /// to let go before the socket is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-/// Most bytes of an invalid service name echoed back in the error body.
-const MAX_ECHO: usize = 64;
-
-/// What the client sent as a service name, cut to [`MAX_ECHO`] bytes for the error body.
-fn echo(raw: &[u8]) -> String {
-    if raw.len() <= MAX_ECHO {
-        return String::from_utf8_lossy(raw).into_owned();
-    }
-    let mut text = String::from_utf8_lossy(&raw[..MAX_ECHO]).into_owned();
-    text.push('…');
-    text
-}
-
-/// Whether a `Host` or authority names this machine rather than a service: `localhost`
-/// or an IP address, with or without a port. Such requests name no service (400).
-fn names_a_machine(value: &str) -> bool {
-    let value = value.trim();
-    if value.starts_with('[') {
-        return true;
-    }
-    let host = match value.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
-        _ => value,
-    };
-    let host = host.strip_suffix('.').unwrap_or(host);
-    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok()
-}
-
-/// Which service `req` names: the service header; else the authority of an
-/// absolute-form URI or HTTP/2 `:authority` (RFC 9112 §3.2.2: it wins over `Host`); else
-/// `Host`. A `Host` or authority that is `localhost` or an IP address names no service.
-fn resolve<B>(
-    config: &ProxyConfig,
-    cache: &mut TargetCache,
-    req: &Request<B>,
-) -> Result<Target, BadTarget> {
-    let headers = req.headers();
-    let missing = || BadTarget {
-        error: TargetError::Missing,
-        named: String::new(),
-    };
-    let (raw, source) = if let Some(value) = headers.get(&config.service_header) {
-        (value.clone(), TargetSource::Header)
-    } else if let Some(authority) = req.uri().authority() {
-        let value = HeaderValue::from_str(authority.as_str()).map_err(|_| BadTarget {
-            error: TargetError::Invalid("invalid authority"),
-            named: echo(authority.as_str().as_bytes()),
-        })?;
-        (value, TargetSource::Host)
-    } else if let Some(value) = headers.get(HOST) {
-        (value.clone(), TargetSource::Host)
-    } else {
-        return Err(missing());
-    };
-    if source == TargetSource::Host && raw.to_str().is_ok_and(names_a_machine) {
-        return Err(missing());
-    }
-    match cache.key(
-        &raw,
-        source,
-        &config.default_namespace,
-        &config.cluster_domain,
-    ) {
-        Ok(key) => Ok(Target { key, raw, source }),
-        Err(error) => Err(BadTarget {
-            error,
-            named: echo(raw.as_bytes()),
-        }),
-    }
-}
-
 /// hyper's default HTTP/1 read buffer limit (8 KiB + 100 × 4 KiB).
 const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 
@@ -159,71 +88,6 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(buffer).unwrap_or(u32::MAX));
     builder
-}
-
-/// The proxy's own request limits, answered with JSON: too many header lines (431), a
-/// request target too long (414).
-fn over_limits<B>(proxy: &Proxy, req: &Request<B>) -> Option<http::Response<crate::ResponseBody>> {
-    let config = &proxy.config;
-    let (status, error, detail) = if req.headers().len() > config.max_request_headers {
-        (
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "too many request headers",
-            format!(
-                "the request has {} header lines; the limit is {}",
-                req.headers().len(),
-                config.max_request_headers
-            ),
-        )
-    } else {
-        let uri = req.uri();
-        let length = uri.path_and_query().map_or(0, |pq| pq.as_str().len())
-            + uri.authority().map_or(0, |a| a.as_str().len())
-            + uri.scheme_str().map_or(0, str::len);
-        if length <= config.max_uri_bytes {
-            return None;
-        }
-        (
-            StatusCode::URI_TOO_LONG,
-            "request target too long",
-            format!(
-                "the request target takes {length} bytes; the limit is {}",
-                config.max_uri_bytes
-            ),
-        )
-    };
-    proxy.metrics.unrouted(status);
-    debug!(status = status.as_u16(), detail, "request refused");
-    Some(reply::error(status, error, "", &detail))
-}
-
-/// Seconds a shed client is asked to wait (`retry-after`).
-const SHED_RETRY_AFTER: &str = "1";
-
-/// The answer to a request over `max_concurrent_requests`: `503` with a JSON body and
-/// `retry-after`, at once and without reading the request's body.
-///
-/// Admission is a semaphore's `try_acquire` per request, not tower's `ConcurrencyLimit`
-/// and `LoadShed`: the place must be held until the response body has been sent (a
-/// streaming response still uses a pod connection and buffers), while tower's limit ends
-/// when the response future resolves; and bridging a tower stack with
-/// `TowerToHyperService` clones the stack and boxes an acquire future per request, where
-/// this is one atomic operation.
-fn shed(proxy: &Proxy) -> http::Response<crate::ResponseBody> {
-    proxy.metrics.shed();
-    let limit = proxy.config.max_concurrent_requests;
-    debug!(limit, "request shed: too many requests in flight");
-    let mut response = reply::error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "overloaded",
-        "",
-        &format!("the proxy has its limit of {limit} requests in flight; retry shortly"),
-    );
-    response.headers_mut().insert(
-        http::header::RETRY_AFTER,
-        HeaderValue::from_static(SHED_RETRY_AFTER),
-    );
-    response
 }
 
 /// Accept connections until `shutdown` resolves; then stop accepting and let in-flight
@@ -478,71 +342,6 @@ impl Watchdog<'_> {
                 }
                 else => std::future::pending::<()>().await,
             }
-        }
-    }
-}
-
-/// What serves the requests of one client connection, whichever server reads them
-/// (the native loop of `serve_h1.rs` or hyper's): resolve the target, then forward.
-pub(crate) struct ConnService {
-    proxy: Arc<Proxy>,
-    /// Formatted once per connection and shared by its requests.
-    client_ip: HeaderValue,
-    activity: Arc<ConnActivity>,
-}
-
-impl ConnService {
-    fn new(proxy: Arc<Proxy>, peer: SocketAddr, activity: Arc<ConnActivity>) -> Arc<Self> {
-        let client_ip = HeaderValue::from_str(&peer.ip().to_canonical().to_string())
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Arc::new(Self {
-            proxy,
-            client_ip,
-            activity,
-        })
-    }
-
-    /// The answer to `req`; `cache` remembers the connection's last service name.
-    pub(crate) fn call(
-        &self,
-        cache: &mut TargetCache,
-        req: Request<RequestBody>,
-    ) -> impl Future<Output = http::Response<crate::ResponseBody>> + Send + 'static {
-        let proxy = &self.proxy;
-        let in_flight = self.activity.begin(req.version() < http::Version::HTTP_2);
-        let admission = proxy.admission.clone().try_acquire_owned().ok();
-        let refused = match admission {
-            None => Some(shed(proxy)),
-            Some(_) => over_limits(proxy, &req),
-        };
-        let work = match refused {
-            Some(refused) => Err(refused),
-            None => {
-                let target = resolve(&proxy.config, cache, &req);
-                let named = target.as_ref().map(|t| &*t.key);
-                let span = crate::spans::request(named.map_err(|bad| bad.named.as_str()));
-                Ok((req, target, span))
-            }
-        };
-        let proxy = proxy.clone();
-        let client_ip = self.client_ip.clone();
-        async move {
-            // The forwarding future is several KiB: it is built here, inside this
-            // future's own state, so that the server moves only the small unstarted
-            // future.
-            let response = match work {
-                Err(refused) => refused,
-                Ok((req, target, span)) => {
-                    proxy.forward(req, target, client_ip).instrument(span).await
-                }
-            };
-            response.map(|body| {
-                let body = body.holding(in_flight);
-                match admission {
-                    Some(permit) => body.admitted(permit),
-                    None => body,
-                }
-            })
         }
     }
 }
