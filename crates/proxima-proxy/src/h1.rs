@@ -366,6 +366,23 @@ fn parse_response<'b, R>(
     max_headers: usize,
     then: impl FnOnce(&httparse::Response<'_, 'b>, httparse::Result<usize>) -> R,
 ) -> R {
+    with_header_slots(max_headers, |slots| {
+        let mut response = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            bytes,
+            slots,
+        );
+        then(&response, parsed)
+    })
+}
+
+/// Call `then` with `max_headers` header slots for `httparse`: on the stack when they
+/// fit there (nearly always), else on the heap for this call only.
+pub(crate) fn with_header_slots<'b, R>(
+    max_headers: usize,
+    then: impl FnOnce(&mut [MaybeUninit<httparse::Header<'b>>]) -> R,
+) -> R {
     let mut stack = [MaybeUninit::<httparse::Header<'b>>::uninit(); STACK_HEADER_SLOTS];
     let mut heap = Vec::new();
     let slots = if max_headers <= STACK_HEADER_SLOTS {
@@ -374,13 +391,7 @@ fn parse_response<'b, R>(
         heap.reserve_exact(max_headers);
         &mut heap.spare_capacity_mut()[..max_headers]
     };
-    let mut response = httparse::Response::new(&mut []);
-    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut response,
-        bytes,
-        slots,
-    );
-    then(&response, parsed)
+    then(slots)
 }
 
 /// The final response head of `len` bytes at the start of `bytes`, as parsed.

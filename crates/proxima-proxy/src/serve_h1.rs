@@ -56,8 +56,6 @@ use crate::target::TargetCache;
 
 /// Bytes a read makes room for.
 const READ_SIZE: usize = 8 * 1024;
-/// Header slots on the stack; more go to the heap for that parse.
-const STACK_HEADER_SLOTS: usize = 128;
 
 /// What became of a connection when the loop let go of it.
 pub(crate) enum Served {
@@ -196,70 +194,30 @@ struct Field {
     value: Range<usize>,
 }
 
+/// What the request line and header fields of a complete head say, before the head
+/// is split off the read buffer.
+struct Scanned {
+    len: usize,
+    version: Version,
+    method: Method,
+    target: Range<usize>,
+}
+
 /// Parse the request head at the start of `buf`. On success the head is split off
 /// `buf` (what follows stays, for the next request) and the request's values share it.
 fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>) -> Parse {
-    let max_headers = max_headers.max(1);
-    let mut stack = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADER_SLOTS];
-    let mut heap = Vec::new();
-    let slots = if max_headers <= STACK_HEADER_SLOTS {
-        &mut stack[..max_headers]
-    } else {
-        heap.reserve_exact(max_headers);
-        &mut heap.spare_capacity_mut()[..max_headers]
+    let scanned =
+        crate::h1::with_header_slots(max_headers.max(1), |slots| scan(buf, slots, fields));
+    let Scanned {
+        len,
+        version,
+        method,
+        target,
+    } = match scanned {
+        Ok(Some(scanned)) => scanned,
+        Ok(None) => return Parse::Partial,
+        Err(()) => return Parse::NotNative,
     };
-    let mut parsed = httparse::Request::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
-        &mut parsed,
-        buf,
-        slots,
-    ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Parse::Partial,
-        Err(_) => return Parse::NotNative,
-    };
-    let version = match parsed.version {
-        Some(0) => Version::HTTP_10,
-        Some(1) => Version::HTTP_11,
-        _ => return Parse::NotNative,
-    };
-    let Ok(method) = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes()) else {
-        return Parse::NotNative;
-    };
-    if method == Method::CONNECT {
-        return Parse::NotNative;
-    }
-    let base = buf.as_ptr() as usize;
-    let offset = |part: &[u8]| {
-        let start = part.as_ptr() as usize - base;
-        start..start + part.len()
-    };
-    let Some(path) = parsed.path else {
-        return Parse::NotNative;
-    };
-    let target = offset(path.as_bytes());
-    fields.clear();
-    for header in parsed.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(header.name.as_bytes()) else {
-            return Parse::NotNative;
-        };
-        let body_or_switch = name == TRANSFER_ENCODING
-            || name == EXPECT
-            || name == UPGRADE
-            || name == TE
-            || (name == CONTENT_LENGTH && header.value.trim_ascii() != b"0");
-        if body_or_switch {
-            return Parse::NotNative;
-        }
-        fields.push(Field {
-            name,
-            value: offset(header.value),
-        });
-    }
-    let lengths = fields.iter().filter(|f| f.name == CONTENT_LENGTH).count();
-    if lengths > 1 {
-        return Parse::NotNative;
-    }
     let head = buf.split_to(len).freeze();
     // `http` refuses some targets httparse takes (longer than 65534 bytes, say): hyper
     // answers those, so the head goes back in front of what followed it.
@@ -290,6 +248,66 @@ fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>
         request,
         keep_alive,
     })
+}
+
+/// Parse the head at the start of `buf` into `slots`: `Ok(None)` while it is
+/// incomplete, `Err` when the native loop does not serve it. `fields` gets the header
+/// names and where their values lie.
+fn scan<'b>(
+    buf: &'b [u8],
+    slots: &mut [MaybeUninit<httparse::Header<'b>>],
+    fields: &mut Vec<Field>,
+) -> Result<Option<Scanned>, ()> {
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(()),
+    };
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        Some(1) => Version::HTTP_11,
+        _ => return Err(()),
+    };
+    let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes()).map_err(drop)?;
+    if method == Method::CONNECT {
+        return Err(());
+    }
+    let base = buf.as_ptr() as usize;
+    let offset = |part: &[u8]| {
+        let start = part.as_ptr() as usize - base;
+        start..start + part.len()
+    };
+    let target = offset(parsed.path.ok_or(())?.as_bytes());
+    fields.clear();
+    for header in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(drop)?;
+        let body_or_switch = name == TRANSFER_ENCODING
+            || name == EXPECT
+            || name == UPGRADE
+            || name == TE
+            || (name == CONTENT_LENGTH && header.value.trim_ascii() != b"0");
+        if body_or_switch {
+            return Err(());
+        }
+        fields.push(Field {
+            name,
+            value: offset(header.value),
+        });
+    }
+    if fields.iter().filter(|f| f.name == CONTENT_LENGTH).count() > 1 {
+        return Err(());
+    }
+    Ok(Some(Scanned {
+        len,
+        version,
+        method,
+        target,
+    }))
 }
 
 /// For the fuzz tests: parse `input` as a client's request head, as the native loop
