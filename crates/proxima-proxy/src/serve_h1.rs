@@ -56,6 +56,8 @@ use crate::target::TargetCache;
 
 /// Bytes a read makes room for.
 const READ_SIZE: usize = 8 * 1024;
+/// Header fields the proxy adds to a request on its way to a pod (`headers.rs`).
+const FORWARDING_HEADERS: usize = 2;
 
 /// What became of a connection when the loop let go of it.
 pub(crate) enum Served {
@@ -231,12 +233,19 @@ fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>
     let Ok(uri) = Uri::from_maybe_shared(head.slice(target)) else {
         return give_back(buf);
     };
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    // Room for the forwarding headers `forward` adds, so the map is not grown and
+    // rehashed once per request. A head with more fields than a map can hold
+    // (`HeaderMap`'s 32768) is hyper's to refuse.
+    let Ok(mut headers) = HeaderMap::try_with_capacity(fields.len() + FORWARDING_HEADERS) else {
+        return give_back(buf);
+    };
     for field in fields.drain(..) {
         let Ok(value) = HeaderValue::from_maybe_shared(head.slice(field.value)) else {
             return give_back(buf);
         };
-        headers.append(field.name, value);
+        if headers.try_append(field.name, value).is_err() {
+            return give_back(buf);
+        }
     }
     let keep_alive = crate::h1::persistent(version, &headers);
     let mut request = Request::new(RequestBody::Empty);
@@ -700,6 +709,16 @@ mod tests {
             parse(b"GET / HTTP/1.1\r\nHost: a").0,
             Parse::Partial
         ));
+        // More fields than a `HeaderMap` holds: hyper's to refuse, every byte kept.
+        let mut many = String::from("GET / HTTP/1.1\r\n");
+        for i in 0..33_000 {
+            many.push_str(&format!("h{i}: v\r\n"));
+        }
+        many.push_str("\r\n");
+        let mut buf = BytesMut::from(many.as_bytes());
+        let parsed = parse_request(&mut buf, 40_000, &mut Vec::new());
+        assert!(matches!(parsed, Parse::NotNative));
+        assert!(buf[..] == *many.as_bytes());
     }
 
     fn framed(
