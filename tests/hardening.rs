@@ -327,6 +327,36 @@ async fn header_count_and_uri_limits_answer_with_json() {
     }
 }
 
+/// At the highest `--max-request-headers`, hyper's own header array (4 x the limit)
+/// would be larger than a `HeaderMap` can hold: a head with more lines than a map takes
+/// must still get 431 with JSON, not a panic and a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_header_lines_than_a_header_map_holds_get_431() {
+    let dir = TempDir::new("limits-map");
+    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
+    let flags = ["--max-request-headers", "10000"];
+    let proxima = start(&dir, &[("api", pod)], &flags).await;
+    let mut text = String::from("GET / HTTP/1.1\r\nhost: api\r\nconnection: close\r\n");
+    for i in 0..33_000 {
+        text.push_str(&format!("h{i}: v\r\n"));
+    }
+    text.push_str("\r\n");
+    let reply = exchange(proxima.proxy, text.as_bytes())
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_eq!(reply.status, 431, "{reply:?}");
+    assert_eq!(reply.json()["error"], "request headers too large");
+    // The proxy still serves.
+    let fine = exchange(
+        proxima.proxy,
+        b"GET / HTTP/1.1\r\nhost: api\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(fine.status, 200, "{fine:?}");
+    assert!(!proxima.logs().contains("panicked"), "{}", proxima.logs());
+}
+
 // ---- 5. GET and HEAD bodies ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,9 +67,18 @@ fn hyper_buffer(config: &ProxyConfig) -> usize {
         .max(HYPER_DEFAULT_MAX_BUF)
 }
 
+/// Most header lines hyper parses whatever the configuration: hyper reserves a
+/// `HeaderMap` for every line it parsed, and a map holds at most 24576 entries (its
+/// 32768 slots, filled to three quarters); one more would panic in hyper. Beyond this
+/// hyper answers 431, as for any head over its limit.
+const MAX_PARSED_HEADERS: usize = 24_000;
+
 /// Header lines hyper parses at most, and the native loop too.
 fn hyper_max_headers(config: &ProxyConfig) -> usize {
-    config.max_request_headers.saturating_mul(4).max(100)
+    config
+        .max_request_headers
+        .saturating_mul(4)
+        .clamp(100, MAX_PARSED_HEADERS)
 }
 
 fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
