@@ -56,6 +56,8 @@ use crate::target::TargetCache;
 
 /// Bytes a read makes room for.
 const READ_SIZE: usize = 8 * 1024;
+/// Header field slots of a request's first parse (on the stack).
+const COMMON_HEADERS: usize = 64;
 /// Header fields the proxy adds to a request on its way to a pod (`headers.rs`).
 const FORWARDING_HEADERS: usize = 2;
 
@@ -196,6 +198,13 @@ struct Field {
     value: Range<usize>,
 }
 
+/// Why [`scan`] leaves a head to hyper.
+enum Unserved {
+    /// More header fields than the slots given.
+    TooManyHeaders,
+    Other,
+}
+
 /// What the request line and header fields of a complete head say, before the head
 /// is split off the read buffer.
 struct Scanned {
@@ -208,8 +217,16 @@ struct Scanned {
 /// Parse the request head at the start of `buf`. On success the head is split off
 /// `buf` (what follows stays, for the next request) and the request's values share it.
 fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>) -> Parse {
-    let scanned =
-        crate::h1::with_header_slots(max_headers.max(1), |slots| scan(buf, slots, fields));
+    // Nearly every head fits in a few dozen field slots on the stack; only one that
+    // does not is parsed again with room for the configured most.
+    let max_headers = max_headers.max(1);
+    let first = max_headers.min(COMMON_HEADERS);
+    let scanned = match crate::h1::with_header_slots(first, |slots| scan(buf, slots, fields)) {
+        Err(Unserved::TooManyHeaders) if max_headers > first => {
+            crate::h1::with_header_slots(max_headers, |slots| scan(buf, slots, fields))
+        }
+        scanned => scanned,
+    };
     let Scanned {
         len,
         version,
@@ -218,7 +235,7 @@ fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>
     } = match scanned {
         Ok(Some(scanned)) => scanned,
         Ok(None) => return Parse::Partial,
-        Err(()) => return Parse::NotNative,
+        Err(_) => return Parse::NotNative,
     };
     let head = buf.split_to(len).freeze();
     // `http` refuses some targets httparse takes (longer than 65534 bytes, say): hyper
@@ -266,7 +283,7 @@ fn scan<'b>(
     buf: &'b [u8],
     slots: &mut [MaybeUninit<httparse::Header<'b>>],
     fields: &mut Vec<Field>,
-) -> Result<Option<Scanned>, ()> {
+) -> Result<Option<Scanned>, Unserved> {
     let mut parsed = httparse::Request::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut parsed,
@@ -275,33 +292,35 @@ fn scan<'b>(
     ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(()),
+        Err(httparse::Error::TooManyHeaders) => return Err(Unserved::TooManyHeaders),
+        Err(_) => return Err(Unserved::Other),
     };
     let version = match parsed.version {
         Some(0) => Version::HTTP_10,
         Some(1) => Version::HTTP_11,
-        _ => return Err(()),
+        _ => return Err(Unserved::Other),
     };
-    let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes()).map_err(drop)?;
+    let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes())
+        .map_err(|_| Unserved::Other)?;
     if method == Method::CONNECT {
-        return Err(());
+        return Err(Unserved::Other);
     }
     let base = buf.as_ptr() as usize;
     let offset = |part: &[u8]| {
         let start = part.as_ptr() as usize - base;
         start..start + part.len()
     };
-    let target = offset(parsed.path.ok_or(())?.as_bytes());
+    let target = offset(parsed.path.ok_or(Unserved::Other)?.as_bytes());
     fields.clear();
     for header in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(drop)?;
+        let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| Unserved::Other)?;
         let body_or_switch = name == TRANSFER_ENCODING
             || name == EXPECT
             || name == UPGRADE
             || name == TE
             || (name == CONTENT_LENGTH && header.value.trim_ascii() != b"0");
         if body_or_switch {
-            return Err(());
+            return Err(Unserved::Other);
         }
         fields.push(Field {
             name,
@@ -309,7 +328,7 @@ fn scan<'b>(
         });
     }
     if fields.iter().filter(|f| f.name == CONTENT_LENGTH).count() > 1 {
-        return Err(());
+        return Err(Unserved::Other);
     }
     Ok(Some(Scanned {
         len,
@@ -708,6 +727,22 @@ mod tests {
         assert!(matches!(
             parse(b"GET / HTTP/1.1\r\nHost: a").0,
             Parse::Partial
+        ));
+        // More fields than the first parse has slots for, fewer than the limit: native.
+        let mut hundred = String::from("GET / HTTP/1.1\r\n");
+        for i in 0..100 {
+            hundred.push_str(&format!("h{i}: v\r\n"));
+        }
+        hundred.push_str("\r\n");
+        let mut buf = BytesMut::from(hundred.as_bytes());
+        let Parse::Request(native) = parse_request(&mut buf, 800, &mut Vec::new()) else {
+            panic!("100 fields under a limit of 800 not native")
+        };
+        assert_eq!(native.request.headers().len(), 100);
+        let mut buf = BytesMut::from(hundred.as_bytes());
+        assert!(matches!(
+            parse_request(&mut buf, 99, &mut Vec::new()),
+            Parse::NotNative
         ));
         // More fields than a `HeaderMap` holds: hyper's to refuse, every byte kept.
         let mut many = String::from("GET / HTTP/1.1\r\n");
