@@ -701,6 +701,16 @@ mod tests {
         }
     }
 
+    /// A GET head with `n` header fields.
+    fn head_with_fields(n: usize) -> String {
+        let mut head = String::from("GET / HTTP/1.1\r\n");
+        for i in 0..n {
+            head.push_str(&format!("h{i}: v\r\n"));
+        }
+        head.push_str("\r\n");
+        head
+    }
+
     #[test]
     fn bodies_switches_and_oddities_go_to_hyper_with_nothing_consumed() {
         for head in [
@@ -729,11 +739,7 @@ mod tests {
             Parse::Partial
         ));
         // More fields than the first parse has slots for, fewer than the limit: native.
-        let mut hundred = String::from("GET / HTTP/1.1\r\n");
-        for i in 0..100 {
-            hundred.push_str(&format!("h{i}: v\r\n"));
-        }
-        hundred.push_str("\r\n");
+        let hundred = head_with_fields(100);
         let mut buf = BytesMut::from(hundred.as_bytes());
         let Parse::Request(native) = parse_request(&mut buf, 800, &mut Vec::new()) else {
             panic!("100 fields under a limit of 800 not native")
@@ -745,11 +751,7 @@ mod tests {
             Parse::NotNative
         ));
         // More fields than a `HeaderMap` holds: hyper's to refuse, every byte kept.
-        let mut many = String::from("GET / HTTP/1.1\r\n");
-        for i in 0..33_000 {
-            many.push_str(&format!("h{i}: v\r\n"));
-        }
-        many.push_str("\r\n");
+        let many = head_with_fields(33_000);
         let mut buf = BytesMut::from(many.as_bytes());
         let parsed = parse_request(&mut buf, 40_000, &mut Vec::new());
         assert!(matches!(parsed, Parse::NotNative));
