@@ -288,6 +288,9 @@ pub(crate) struct Watched<S> {
     swallowing: bool,
     /// The proxy's answer still to be written in place of hyper's.
     pending: Vec<u8>,
+    /// Bytes already read (and noted) by the native loop, read again first by hyper
+    /// when it takes the connection over (`serve_h1.rs`).
+    replay: bytes::Bytes,
 }
 
 impl<S> Watched<S> {
@@ -302,11 +305,43 @@ impl<S> Watched<S> {
             heads: 0,
             swallowing: false,
             pending: Vec::new(),
+            replay: bytes::Bytes::new(),
         }
     }
 
     fn idle(&self) -> bool {
         self.activity.busy.load(Ordering::Relaxed) == 0
+    }
+
+    /// Have `bytes`, already read from the socket, read again before anything new.
+    pub(crate) fn replay(&mut self, bytes: bytes::Bytes) {
+        self.replay = bytes;
+    }
+
+    /// `new` bytes were read: note the time and, between requests, how far the next
+    /// request line has come (for [`Watched::replacement`]).
+    fn note_read(&mut self, new: &[u8]) {
+        let at_ms = self.activity.touch();
+        let idle = self.idle();
+        if idle {
+            self.activity.head_bytes(at_ms);
+        }
+        let started = self.activity.started.load(Ordering::Relaxed);
+        if started != self.counted_from {
+            // A request began since: what is read between requests now is the next head.
+            self.counted_from = started;
+            self.line = 0;
+            self.line_done = false;
+        }
+        if idle && !self.line_done {
+            match new.iter().position(|b| *b == b'\n') {
+                Some(at) => {
+                    self.line += at;
+                    self.line_done = true;
+                }
+                None => self.line += new.len(),
+            }
+        }
     }
 
     /// The answer to give instead of hyper's bare `status`, if the proxy has one.
@@ -401,68 +436,34 @@ impl<S> Watched<S> {
     }
 }
 
-impl<S> Watched<S> {
-    /// `new` bytes were read: note the time and, between requests, how far the next
-    /// request line has come (for [`Watched::replacement`]).
-    fn note_read(&mut self, new: &[u8]) {
-        let at_ms = self.activity.touch();
-        let idle = self.idle();
-        if idle {
-            self.activity.head_bytes(at_ms);
-        }
-        let started = self.activity.started.load(Ordering::Relaxed);
-        if started != self.counted_from {
-            // A request began since: what is read between requests now is the next head.
-            self.counted_from = started;
-            self.line = 0;
-            self.line_done = false;
-        }
-        if idle && !self.line_done {
-            match new.iter().position(|b| *b == b'\n') {
-                Some(at) => {
-                    self.line += at;
-                    self.line_done = true;
-                }
-                None => self.line += new.len(),
-            }
-        }
-    }
-}
-
 impl Watched<tokio::net::TcpStream> {
     /// Read what the socket has into `buf` (for the proxy's own HTTP/1.1 server,
-    /// `serve_h1.rs`), making room for `room` bytes first if it has less; `Ok(0)` is the
-    /// end of the stream. A read that empties the receive queue also forgets the
-    /// socket's readiness without a system call (see `h1::forget_readable`), so that
-    /// watching the socket for a close while a request is forwarded costs nothing.
+    /// `serve_h1.rs`), as `h1::poll_fill` does for pods; `Ok(0)` is the end of the
+    /// stream. A read that empties the receive queue also forgets the socket's
+    /// readiness without a system call (`h1::forget_readable`), so that watching the
+    /// socket for a close while a request is forwarded costs nothing.
     pub(crate) fn poll_fill(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut bytes::BytesMut,
         room: usize,
     ) -> Poll<io::Result<usize>> {
-        if buf.capacity() - buf.len() < room / 4 {
-            buf.reserve(room);
-        }
-        let space = buf.capacity() - buf.len();
         let before = buf.len();
-        loop {
-            match self.inner.try_read_buf(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.inner.poll_read_ready(cx))?;
-                }
-                Ok(n) => {
-                    if n > 0 {
-                        self.note_read(&buf[before..]);
-                        if n < space {
-                            crate::h1::forget_readable(&self.inner);
-                        }
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) => return Poll::Ready(Err(e)),
+        let mut drained = false;
+        let n = ready!(crate::h1::poll_fill(
+            &self.inner,
+            buf,
+            room,
+            &mut drained,
+            cx
+        ))?;
+        if n > 0 {
+            self.note_read(&buf[before..]);
+            if drained {
+                crate::h1::forget_readable(&self.inner);
             }
         }
+        Poll::Ready(Ok(n))
     }
 }
 
@@ -473,6 +474,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.replay.is_empty() {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {

@@ -262,7 +262,7 @@ async fn write_all(stream: &TcpStream, data: &[u8]) -> Result<(), H1Error> {
 /// Read what the socket has into `buf`, making room for `room` bytes first if it has
 /// less; `Ok(0)` is the end of the stream. `drained` tells whether the read took less
 /// than there was room for, i.e. emptied the socket's receive queue.
-fn poll_fill(
+pub(crate) fn poll_fill(
     stream: &TcpStream,
     buf: &mut BytesMut,
     room: usize,
@@ -508,7 +508,7 @@ pub(crate) fn check_length_fields(headers: &mut HeaderMap, with_body: bool) -> R
 /// The response's `Content-Length`: malformed or differing values are an error;
 /// the same value repeated (in several fields or a list) becomes one field, as the
 /// client is sent it.
-fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, H1Error> {
+pub(crate) fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, H1Error> {
     let mut length = None;
     let mut items = 0;
     for value in headers.get_all(CONTENT_LENGTH) {

@@ -5,7 +5,7 @@
 //! and body itself, the head and the first body frame in one `writev`.
 //!
 //! Anything else goes to hyper for the rest of the connection, with the bytes read so far
-//! replayed in front of the socket ([`Rewound`]): a request with a body, `Expect`,
+//! replayed in front of the socket ([`Watched::replay`]): a request with a body, `Expect`,
 //! `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface, a head that does not parse or that
 //! outgrows the read limit. hyper then behaves exactly as if it had had the connection
 //! from the start, answers included (its own `400`/`431`/`414`, which `conn.rs` dresses
@@ -36,16 +36,16 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
 };
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::body::ResponseBody;
@@ -65,10 +65,9 @@ const FORWARDING_HEADERS: usize = 2;
 pub(crate) enum Served {
     /// Closed (by either side, or after its last response).
     Closed,
-    /// Not for this loop: hyper takes it over, `buffered` first.
+    /// Not for this loop: hyper takes it over; the socket replays what was read.
     Handoff {
         io: Watched<TcpStream>,
-        buffered: Bytes,
         cache: TargetCache,
     },
 }
@@ -169,12 +168,9 @@ pub(crate) async fn serve(
     }
 }
 
-fn handoff(io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Served {
-    Served::Handoff {
-        io,
-        buffered: buf.freeze(),
-        cache,
-    }
+fn handoff(mut io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Served {
+    io.replay(buf.freeze());
+    Served::Handoff { io, cache }
 }
 
 /// A request this loop serves, and whether the client lets the connection be reused.
@@ -469,7 +465,9 @@ fn framing(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     parts.headers.remove(TRANSFER_ENCODING);
-    let declared = declared_length(&parts.headers);
+    // Upstream answers arrive with their lengths checked and merged (`h1.rs`); the
+    // proxy's own answers have none.
+    let declared = crate::h1::content_length(&mut parts.headers).ok().flatten();
     if declared.is_none() && !no_body_status {
         // The length the body has, if it is known (a HEAD answer says what a GET's would).
         if let Some(exact) = body.size_hint().exact() {
@@ -502,20 +500,6 @@ fn framing(
             Framing::UntilClose
         }
     }
-}
-
-/// The one valid `Content-Length` among `headers`, if there is one.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    let mut values = headers.get_all(CONTENT_LENGTH).iter();
-    let first = values.next()?;
-    if values.any(|other| other != first) {
-        return None;
-    }
-    let digits = first.as_bytes();
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// The status line and header fields, with `connection` and `date` as needed.
@@ -600,67 +584,10 @@ async fn write_all(io: &mut Watched<TcpStream>, bufs: &mut [IoSlice<'_>]) -> io:
     Ok(())
 }
 
-/// A socket with bytes already read from it put back in front: what hyper reads when it
-/// takes a connection over from the native loop.
-pub(crate) struct Rewound<S> {
-    prefix: Bytes,
-    inner: S,
-}
-
-impl<S> Rewound<S> {
-    pub(crate) fn new(prefix: Bytes, inner: S) -> Self {
-        Self { prefix, inner }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Rewound<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Rewound<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     fn parse(head: &[u8]) -> (Parse, BytesMut) {

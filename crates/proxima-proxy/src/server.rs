@@ -113,7 +113,13 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let builder = Arc::new(builder(&proxy.config));
+    let servers = Arc::new(Servers {
+        hyper: builder(&proxy.config),
+        native: serve_h1::Limits {
+            max_head: hyper_buffer(&proxy.config),
+            max_headers: hyper_max_headers(&proxy.config),
+        },
+    });
     let timeouts = ConnTimeouts {
         header: proxy.config.client_header_timeout,
         idle: proxy.config.client_idle_timeout,
@@ -149,7 +155,7 @@ pub async fn serve(
                     };
                     connections.spawn(drive(
                         proxy.clone(),
-                        builder.clone(),
+                        servers.clone(),
                         timeouts,
                         stream,
                         peer,
@@ -193,6 +199,13 @@ pub async fn serve(
     Ok(())
 }
 
+/// The two servers a client connection may meet: the proxy's own HTTP/1.1 loop first,
+/// then hyper's, set up once per listener.
+struct Servers {
+    hyper: auto::Builder<TokioExecutor>,
+    native: serve_h1::Limits,
+}
+
 /// Serve one client connection, closing it when it is silent, idle or stalled (see
 /// `conn.rs`) or, gracefully, when `stop` turns true.
 ///
@@ -201,7 +214,7 @@ pub async fn serve(
 /// (a body, an upgrade, HTTP/2, a head it cannot parse).
 async fn drive(
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    servers: Arc<Servers>,
     timeouts: ConnTimeouts,
     stream: TcpStream,
     peer: SocketAddr,
@@ -226,15 +239,13 @@ async fn drive(
         closing: false,
         stopping: *stop.borrow(),
     };
-    let limits = serve_h1::Limits {
-        max_head: hyper_buffer(&proxy.config),
-        max_headers: hyper_max_headers(&proxy.config),
-    };
-    if let Some((io, buffered, cache)) =
-        serve_natively(&service, io, limits, &mut watchdog, &mut stop).await
+    if let Some((io, cache)) =
+        serve_natively(&service, io, servers.native, &mut watchdog, &mut stop).await
     {
-        let io = TokioIo::new(serve_h1::Rewound::new(buffered, io));
-        let conn = builder.serve_connection(io, hyper_service(service, cache));
+        let io = TokioIo::new(io);
+        let conn = servers
+            .hyper
+            .serve_connection(io, hyper_service(service, cache));
         tokio::pin!(conn);
         if watchdog.stopping {
             conn.as_mut().graceful_shutdown();
@@ -257,15 +268,15 @@ async fn drive(
     gauge.dec();
 }
 
-/// The native phase of [`drive`]: `Some` with the socket, the bytes read and the
-/// target cache when hyper is to take the connection over.
+/// The native phase of [`drive`]: `Some` with the socket (replaying the bytes read)
+/// and the target cache when hyper is to take the connection over.
 async fn serve_natively(
     service: &ConnService,
     io: Watched<TcpStream>,
     limits: serve_h1::Limits,
     watchdog: &mut Watchdog<'_>,
     stop: &mut watch::Receiver<bool>,
-) -> Option<(Watched<TcpStream>, bytes::Bytes, TargetCache)> {
+) -> Option<(Watched<TcpStream>, TargetCache)> {
     if watchdog.stopping {
         return None;
     }
@@ -276,7 +287,7 @@ async fn serve_natively(
         tokio::select! {
             served = native.as_mut() => return match served {
                 serve_h1::Served::Closed => None,
-                serve_h1::Served::Handoff { io, buffered, cache } => Some((io, buffered, cache)),
+                serve_h1::Served::Handoff { io, cache } => Some((io, cache)),
             },
             event = watchdog.next(stop) => match event {
                 Event::Cut => return None,
