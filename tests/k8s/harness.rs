@@ -179,7 +179,13 @@ pub struct Reply {
 
 impl Http {
     pub fn new() -> Self {
-        Http(Client::builder(TokioExecutor::new()).build_http())
+        // Idle connections are let go before the admin server's 10 s header-read timeout
+        // closes them: reusing one just as the server closes it fails the request.
+        Http(
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(5))
+                .build_http(),
+        )
     }
 
     /// `GET url`, naming `service` in `x-service` if given.

@@ -204,7 +204,11 @@ pub fn field(line: &str, name: &str) -> SocketAddr {
 pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
+    // Idle connections are let go before the admin server's 10 s header-read timeout
+    // closes them: reusing one just as the server closes it fails the request.
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build_http()
 }
 
 pub struct Reply {
