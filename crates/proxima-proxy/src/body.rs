@@ -170,20 +170,18 @@ impl ResponseBody {
 
     /// Hold the request's mark on its client connection until the body is done; a pod's
     /// body counts as streaming (watched for stalls) from now on.
-    pub(crate) fn holding(mut self, in_flight: InFlight) -> Self {
+    pub(crate) fn hold(&mut self, in_flight: InFlight) {
         let in_flight = match &self.kind {
             Kind::Upstream { body, .. } if !body.is_end_stream() => in_flight.streaming(),
             _ => in_flight,
         };
         self.in_flight = Some(in_flight);
-        self
     }
 
     /// Hold the request's place under the concurrency limit until the body is done, so
     /// that a response still streaming counts as in flight.
-    pub(crate) fn admitted(mut self, permit: OwnedSemaphorePermit) -> Self {
+    pub(crate) fn admit(&mut self, permit: OwnedSemaphorePermit) {
         self.admission = Some(permit);
-        self
     }
 }
 

@@ -7,15 +7,15 @@
 //! included) is answered `503` at once with a JSON body and `retry-after`, counted in
 //! `proxima_requests_shed_total` (see [`shed`]).
 
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::header::HOST;
 use http::{HeaderValue, Request, StatusCode};
-use tracing::{debug, Instrument};
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{debug, Instrument, Span};
 
-use crate::conn::ConnActivity;
+use crate::conn::{ConnActivity, InFlight};
 use crate::forward::{BadTarget, Target};
 use crate::reply;
 use crate::request_body::RequestBody;
@@ -182,12 +182,15 @@ impl ConnService {
         })
     }
 
-    /// The answer to `req`; `cache` remembers the connection's last service name.
-    pub(crate) fn call(
-        &self,
-        cache: &mut TargetCache,
-        req: Request<RequestBody>,
-    ) -> impl Future<Output = http::Response<crate::ResponseBody>> + Send + 'static {
+    /// Admit `req` (or refuse it: shed, over the limits) and resolve the service it
+    /// names; `cache` remembers the connection's last service name. What is left is
+    /// [`Admitted::answer`], which borrows nothing from the connection.
+    ///
+    /// Two steps rather than one function returning the answer's future: that future
+    /// holds the forwarding future (several KiB), and a future returned by value from a
+    /// plain function is copied whole into its caller's state, where an `async fn`'s is
+    /// built in place. Measured: a 4.9 KB copy per request on the native loop.
+    pub(crate) fn admit(&self, cache: &mut TargetCache, req: Request<RequestBody>) -> Admitted {
         let proxy = &self.proxy;
         let in_flight = self.activity.begin(req.version() < http::Version::HTTP_2);
         let admission = proxy.admission.clone().try_acquire_owned().ok();
@@ -196,33 +199,65 @@ impl ConnService {
             Some(_) => over_limits(proxy, &req),
         };
         let work = match refused {
-            Some(refused) => Err(refused),
+            Some(refused) => Err(Box::new(refused)),
             None => {
                 let target = resolve(&proxy.config, cache, &req);
                 let named = target.as_ref().map(|t| &*t.key);
                 let span = crate::spans::request(named.map_err(|bad| bad.named.as_str()));
-                Ok((req, target, span))
+                Ok(ToForward { req, target, span })
             }
         };
-        let proxy = proxy.clone();
-        let client_ip = self.client_ip.clone();
-        async move {
-            // The forwarding future is several KiB: it is built here, inside this
-            // future's own state, so that the server moves only the small unstarted
-            // future.
-            let response = match work {
-                Err(refused) => refused,
-                Ok((req, target, span)) => {
-                    proxy.forward(req, target, client_ip).instrument(span).await
-                }
-            };
-            response.map(|body| {
-                let body = body.holding(in_flight);
-                match admission {
-                    Some(permit) => body.admitted(permit),
-                    None => body,
-                }
-            })
+        Admitted {
+            proxy: proxy.clone(),
+            client_ip: self.client_ip.clone(),
+            in_flight,
+            admission,
+            work,
         }
+    }
+}
+
+/// A request that [`ConnService::admit`] took in, to be answered.
+pub(crate) struct Admitted {
+    proxy: Arc<Proxy>,
+    client_ip: HeaderValue,
+    in_flight: InFlight,
+    admission: Option<OwnedSemaphorePermit>,
+    /// The refusal (rare) is boxed so that moving an admitted request stays cheap.
+    work: Result<ToForward, Box<http::Response<crate::ResponseBody>>>,
+}
+
+/// An admitted request and the service it names.
+struct ToForward {
+    req: Request<RequestBody>,
+    target: Result<Target, BadTarget>,
+    span: Span,
+}
+
+impl Admitted {
+    /// The answer: the refusal, or what [`Proxy::forward`] brings back. The response
+    /// body holds the request's marks (in flight on its connection, its place under the
+    /// concurrency limit) until it has been sent or dropped.
+    pub(crate) async fn answer(self) -> http::Response<crate::ResponseBody> {
+        let Admitted {
+            proxy,
+            client_ip,
+            in_flight,
+            admission,
+            work,
+        } = self;
+        let mut response = match work {
+            Err(refused) => *refused,
+            Ok(ToForward { req, target, span }) => {
+                proxy.forward(req, target, client_ip).instrument(span).await
+            }
+        };
+        // Set in place: the response is a few hundred bytes, and `map` would move it twice.
+        let body = response.body_mut();
+        body.hold(in_flight);
+        if let Some(permit) = admission {
+            body.admit(permit);
+        }
+        response
     }
 }

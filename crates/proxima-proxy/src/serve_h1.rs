@@ -125,7 +125,7 @@ pub(crate) async fn serve(
         } = parsed;
         let head_request = request.method() == Method::HEAD;
         let version = request.version();
-        let answer = service.call(&mut cache, request);
+        let answer = service.admit(&mut cache, request).answer();
         tokio::pin!(answer);
         // While the pod is asked, a close by the client aborts the request (the answer's
         // future is dropped). As in hyper, the socket is watched only while nothing of a

@@ -379,10 +379,10 @@ fn hyper_service(
     let cache = RefCell::new(cache);
     service_fn(move |req: Request<Incoming>| {
         let req = req.map(RequestBody::Client);
-        let answer = match cache.try_borrow_mut() {
-            Ok(mut cache) => service.call(&mut cache, req),
-            Err(_) => service.call(&mut TargetCache::default(), req),
+        let admitted = match cache.try_borrow_mut() {
+            Ok(mut cache) => service.admit(&mut cache, req),
+            Err(_) => service.admit(&mut TargetCache::default(), req),
         };
-        async move { Ok::<_, Infallible>(answer.await) }
+        async move { Ok::<_, Infallible>(admitted.answer().await) }
     })
 }
