@@ -42,6 +42,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+
+use crate::headers::{connection_options, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION};
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
@@ -225,7 +227,8 @@ fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
-    let mut out = Vec::with_capacity(method.len() + target.len() + 13 + fields);
+    // Request line: method, space, target, " HTTP/1.1\r\n"; the blank line at the end.
+    let mut out = Vec::with_capacity(method.len() + 1 + target.len() + 11 + fields + 2);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
@@ -317,6 +320,9 @@ impl Head {
 /// Parse the response head at the start of `buf`, skipping interim responses:
 /// `None` while it is incomplete. On success `buf` is left empty (what followed the
 /// head is in [`Head::rest`]).
+///
+/// The head's end is found first (its blank line), and the head is then split off,
+/// frozen and parsed once, its header values sharing the frozen bytes.
 fn parse_head(
     buf: &mut BytesMut,
     max_headers: usize,
@@ -324,39 +330,50 @@ fn parse_head(
 ) -> Result<Option<Head>, H1Error> {
     let max_headers = max_headers.max(1);
     loop {
-        // Where the head ends and its status, found on the bytes as they lie; the
-        // header values are then taken from a frozen copy that they share.
-        let found = parse_response(buf, max_headers, |response, parsed| match parsed {
-            Ok(httparse::Status::Complete(len)) => {
-                Ok(Some((len, response.code.unwrap_or_default())))
+        let Some(end) = head_end(buf) else {
+            // Incomplete (rare: heads nearly always come in one read), but one that is
+            // already malformed fails now rather than when the pod stops sending.
+            return parse_response(buf, max_headers, |_, parsed| match parsed {
+                Ok(_) => Ok(None),
+                Err(httparse::Error::TooManyHeaders) => Err(H1Error::TooManyHeaders(max_headers)),
+                Err(e) => Err(H1Error::Parse(e)),
+            });
+        };
+        let bytes = buf.split_to(end).freeze();
+        let head = parse_response(&bytes, max_headers, |response, parsed| match parsed {
+            // httparse ends a head at its first blank line, as `head_end` does.
+            Ok(httparse::Status::Complete(len)) if len == end => {
+                match response.code.unwrap_or_default() {
+                    101 => Err(H1Error::UnaskedSwitch),
+                    100..=199 => Ok(None),
+                    _ => build_head(&bytes, response, head_request).map(Some),
+                }
             }
-            Ok(httparse::Status::Partial) => Ok(None),
+            Ok(_) => Err(H1Error::Parse(httparse::Error::Status)),
             Err(httparse::Error::TooManyHeaders) => Err(H1Error::TooManyHeaders(max_headers)),
             Err(e) => Err(H1Error::Parse(e)),
         })?;
-        let Some((len, code)) = found else {
-            return Ok(None);
-        };
-        match code {
-            101 => return Err(H1Error::UnaskedSwitch),
-            100..=199 => {
-                buf.advance(len);
-                if buf.is_empty() {
-                    return Ok(None);
-                }
-                continue;
-            }
-            _ => {}
+        if let Some(mut head) = head {
+            head.rest = buf.split().freeze();
+            return Ok(Some(head));
         }
-        let bytes = buf.split().freeze();
-        return parse_response(&bytes, max_headers, |response, parsed| match parsed {
-            Ok(httparse::Status::Complete(len)) => build_head(&bytes, response, len, head_request),
-            // The same bytes parsed complete a moment ago.
-            Ok(httparse::Status::Partial) => Err(H1Error::Parse(httparse::Error::Status)),
-            Err(e) => Err(H1Error::Parse(e)),
-        })
-        .map(Some);
+        // An interim response (1xx): the final one follows.
     }
+}
+
+/// Where the head at the start of `buf` ends: just after its first blank line (`\n\n`
+/// or `\n\r\n`), past any empty lines before the status line (which httparse skips).
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut at = buf.iter().position(|&b| b != b'\r' && b != b'\n')?;
+    while let Some(i) = buf[at..].iter().position(|&b| b == b'\n') {
+        let next = at + i + 1;
+        match &buf[next..] {
+            [b'\n', ..] => return Some(next + 1),
+            [b'\r', b'\n', ..] => return Some(next + 2),
+            _ => at = next,
+        }
+    }
+    None
 }
 
 /// Parse a response head from `bytes` into at most `max_headers` fields, and hand the
@@ -394,11 +411,14 @@ pub(crate) fn with_header_slots<'b, R>(
     then(slots)
 }
 
-/// The final response head of `len` bytes at the start of `bytes`, as parsed.
+/// The final response head in `bytes`, as parsed. What framing and persistence need
+/// is noted while the fields are copied, so the map is not searched for it again; and
+/// `Connection` (unless it lists other headers, which the hop-by-hop strip must then
+/// find), `Keep-Alive` and `Proxy-Connection` describe only this connection and are
+/// left out of the map (`headers.rs` would strip them).
 fn build_head(
     bytes: &Bytes,
     response: &httparse::Response<'_, '_>,
-    len: usize,
     head_request: bool,
 ) -> Result<Head, H1Error> {
     let code = response.code.unwrap_or_default();
@@ -419,22 +439,62 @@ fn build_head(
         }
     }
     let mut headers = HeaderMap::with_capacity(response.headers.len());
+    let mut fields = FramingFields::default();
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| H1Error::Header(field.name.to_string()))?;
+        if name == CONNECTION {
+            let options = connection_options(field.value);
+            fields.connection.close |= options.close;
+            fields.connection.keep_alive |= options.keep_alive;
+            if !options.names_other_headers {
+                continue;
+            }
+        } else if name == KEEP_ALIVE || name == PROXY_CONNECTION {
+            continue;
+        } else if name == TRANSFER_ENCODING {
+            fields.transfer_encoding = true;
+        } else if name == CONTENT_LENGTH {
+            fields.content_length = match fields.content_length {
+                // The usual single plain value is read here; lists and repeats are
+                // checked on the map (`content_length`).
+                ContentLength::Absent => parse_length(field.value.trim_ascii())
+                    .map_or(ContentLength::Check, ContentLength::Single),
+                _ => ContentLength::Check,
+            };
+        }
         let value = HeaderValue::from_maybe_shared(bytes.slice_ref(field.value))
             .map_err(|_| H1Error::Header(field.name.to_string()))?;
         headers.append(name, value);
     }
-    let (framing, delimited) = framing(&parts, &mut headers, head_request)?;
-    let keep_alive = delimited && persistent(parts.version, &headers);
+    let (framing, delimited) = framing(&parts, &mut headers, &fields, head_request)?;
+    let keep_alive = delimited && fields.connection.persistent(parts.version);
     parts.headers = headers;
     Ok(Head {
         parts,
         framing,
         keep_alive,
-        rest: bytes.slice(len..),
+        rest: Bytes::new(),
     })
+}
+
+/// Which of the fields that decide a response's framing it has (noted while parsing).
+#[derive(Default)]
+struct FramingFields {
+    transfer_encoding: bool,
+    content_length: ContentLength,
+    connection: ConnectionOptions,
+}
+
+/// A response's `Content-Length` fields, as noted while parsing.
+#[derive(Clone, Copy, Default)]
+enum ContentLength {
+    #[default]
+    Absent,
+    /// One field with one valid length.
+    Single(u64),
+    /// Several fields, a list or an invalid value: [`content_length`] decides.
+    Check,
 }
 
 /// How the body's end is found (RFC 9112 §6.3), and whether it is found without the
@@ -442,6 +502,7 @@ fn build_head(
 fn framing(
     parts: &Parts,
     headers: &mut HeaderMap,
+    fields: &FramingFields,
     head_request: bool,
 ) -> Result<(Framing, bool), H1Error> {
     let status = parts.status;
@@ -449,7 +510,7 @@ fn framing(
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    if !bodiless && headers.contains_key(TRANSFER_ENCODING) {
+    if !bodiless && fields.transfer_encoding {
         let chunked = transfer_codings(headers)?;
         // Chunked framing is HTTP/1.1's; in an HTTP/1.0 message it is faulty and only
         // the close ends the body.
@@ -461,7 +522,11 @@ fn framing(
     }
     // Checked even where no body follows (HEAD, 304): the length goes on to the
     // client, which must be able to trust it.
-    let length = content_length(headers)?;
+    let length = match fields.content_length {
+        ContentLength::Absent => None,
+        ContentLength::Single(n) => Some(n),
+        ContentLength::Check => content_length(headers)?,
+    };
     Ok(match length {
         _ if bodiless => (Framing::Length(0), true),
         Some(n) => (Framing::Length(n), true),
@@ -539,17 +604,15 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
     })
 }
 
-/// Whether the pod lets the connection be reused (RFC 9112 §9.3).
+/// Whether the peer lets the connection be reused (RFC 9112 §9.3).
 pub(crate) fn persistent(version: Version, headers: &HeaderMap) -> bool {
-    let (mut close, mut keep_alive) = (false, false);
+    let mut options = ConnectionOptions::default();
     for value in headers.get_all(CONNECTION) {
-        for token in value.as_bytes().split(|&b| b == b',') {
-            let token = token.trim_ascii();
-            close |= token.eq_ignore_ascii_case(b"close");
-            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-        }
+        let more = connection_options(value.as_bytes());
+        options.close |= more.close;
+        options.keep_alive |= more.keep_alive;
     }
-    !close && (version == Version::HTTP_11 || keep_alive)
+    options.persistent(version)
 }
 
 /// Where in the body the reader is.
@@ -924,6 +987,73 @@ mod tests {
             .extensions
             .get::<hyper::ext::ReasonPhrase>()
             .is_none());
+    }
+
+    #[test]
+    fn a_head_ends_at_its_first_blank_line_in_either_line_ending() {
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\r\n\r\nbody"), Some(19));
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\nA: b\n\nbody"), Some(22));
+        assert_eq!(head_end(b"\r\n\nHTTP/1.1 200 OK\r\n\r\n"), Some(22));
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n\r"), None);
+        assert_eq!(head_end(b"\r\n\r\n"), None);
+        let parsed = head(b"\r\n\nHTTP/1.1 204 No Content\nA: b\n\nnext")
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.parts.status, StatusCode::NO_CONTENT);
+        assert_eq!(parsed.parts.headers["a"], "b");
+        assert_eq!(&parsed.rest[..], b"next");
+    }
+
+    #[test]
+    fn a_malformed_head_fails_before_its_end_arrives() {
+        assert!(matches!(
+            head(b"HTTP/1.1 200 OK\r\nno colon here\r\n"),
+            Err(H1Error::Parse(_))
+        ));
+        assert!(matches!(
+            head(b"HTTX/1.1 200 OK\r\n"),
+            Err(H1Error::Parse(_))
+        ));
+    }
+
+    #[test]
+    fn connection_fields_decide_reuse_and_stay_out_of_the_map_unless_they_list_headers() {
+        let parsed = head(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\
+              Proxy-Connection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(parsed.keep_alive);
+        assert_eq!(parsed.parts.headers.len(), 1, "{:?}", parsed.parts.headers);
+        assert_eq!(parsed.parts.headers[CONTENT_LENGTH], "0");
+
+        let parsed = head(b"HTTP/1.1 200 OK\r\nconnection: CLOSE\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!parsed.keep_alive);
+        let parsed = head(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(
+            !parsed.keep_alive,
+            "HTTP/1.0 closes unless it asks for keep-alive"
+        );
+
+        // A header the pod names in `Connection` is hop-by-hop too: the field stays in the
+        // map for the strip to find, and both go.
+        let mut parsed = head(
+            b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive, X-Trace\r\nX-Trace: 1\r\n\
+              X-Kept: 2\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(parsed.keep_alive);
+        assert!(parsed.parts.headers.contains_key(CONNECTION));
+        crate::headers::strip_hop_by_hop(&mut parsed.parts.headers);
+        let mut names: Vec<_> = parsed.parts.headers.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "x-kept"]);
     }
 
     #[test]

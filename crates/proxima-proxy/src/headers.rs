@@ -15,8 +15,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     name == CONNECTION
@@ -30,12 +30,37 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == PROXY_CONNECTION
 }
 
-/// Whether a `Connection` option names a header to drop beyond the fixed hop-by-hop
-/// set: anything but `close` and `keep-alive` (the latter is dropped anyway).
-fn names_another_header(token: &str) -> bool {
-    !token.is_empty()
-        && !token.eq_ignore_ascii_case("close")
-        && !token.eq_ignore_ascii_case("keep-alive")
+/// What one `Connection` field says (RFC 9110 §7.6.1).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ConnectionOptions {
+    pub(crate) close: bool,
+    pub(crate) keep_alive: bool,
+    /// It lists a header to drop beyond the fixed hop-by-hop set: an option other than
+    /// `close` and `keep-alive` (the latter is dropped anyway).
+    pub(crate) names_other_headers: bool,
+}
+
+impl ConnectionOptions {
+    /// Whether the connection may carry another message (RFC 9112 §9.3).
+    pub(crate) fn persistent(self, version: http::Version) -> bool {
+        !self.close && (version == http::Version::HTTP_11 || self.keep_alive)
+    }
+}
+
+/// The options of one `Connection` field value.
+pub(crate) fn connection_options(value: &[u8]) -> ConnectionOptions {
+    let mut options = ConnectionOptions::default();
+    for token in value.split(|&b| b == b',') {
+        let token = token.trim_ascii();
+        if token.eq_ignore_ascii_case(b"close") {
+            options.close = true;
+        } else if token.eq_ignore_ascii_case(b"keep-alive") {
+            options.keep_alive = true;
+        } else if !token.is_empty() {
+            options.names_other_headers = true;
+        }
+    }
+    options
 }
 
 /// Remove hop-by-hop headers (see the module docs).
@@ -45,11 +70,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // `Connection: keep-alive` or `close`, the usual forms, list no other header: no
     // copy of the options is needed then.
-    let lists_others = headers.get_all(CONNECTION).iter().any(|value| {
-        value
-            .to_str()
-            .is_ok_and(|v| v.split(',').any(|t| names_another_header(t.trim())))
-    });
+    let lists_others = headers
+        .get_all(CONNECTION)
+        .iter()
+        .any(|value| connection_options(value.as_bytes()).names_other_headers);
     if lists_others {
         if let http::header::Entry::Occupied(entry) = headers.entry(CONNECTION) {
             let listed: Vec<HeaderValue> = entry.remove_entry_mult().1.collect();
