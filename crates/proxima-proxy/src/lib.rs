@@ -32,6 +32,7 @@ mod conn;
 mod conn_service;
 mod connect;
 mod forward;
+mod gate;
 mod h1;
 mod headers;
 mod metrics;
@@ -149,6 +150,16 @@ impl Proxy {
     /// The settings it was made with.
     pub fn config(&self) -> &ProxyConfig {
         &self.config
+    }
+
+    /// Requests holding a place under `max_concurrent_requests`: admitted, and their
+    /// response not yet sent or dropped.
+    pub fn requests_in_flight(&self) -> usize {
+        let places = self
+            .config
+            .max_concurrent_requests
+            .clamp(1, Semaphore::MAX_PERMITS);
+        places.saturating_sub(self.admission.available_permits())
     }
 
     /// Idle upstream keep-alive connections currently pooled.

@@ -51,6 +51,7 @@ use tokio::net::TcpStream;
 use crate::body::ResponseBody;
 use crate::conn::Watched;
 use crate::conn_service::ConnService;
+use crate::gate::Gate;
 use crate::request_body::RequestBody;
 use crate::target::TargetCache;
 
@@ -97,6 +98,9 @@ pub(crate) async fn serve(
     let mut head_out: Vec<u8> = Vec::new();
     // Bytes of `buf` already known to hold no complete head.
     let mut searched = 0;
+    // The watch for the client going away while its request waits is polled only when
+    // the socket woke it (see `gate.rs`).
+    let watch = Gate::new();
     loop {
         let parsed = loop {
             // A head ends with a line end, so it can only have become complete if the
@@ -136,7 +140,7 @@ pub(crate) async fn serve(
             tokio::select! {
                 biased;
                 response = answer.as_mut() => break response,
-                read = std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, READ_SIZE)), if watching => {
+                read = watch.wrap(std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, READ_SIZE))), if watching => {
                     match read {
                         Ok(0) | Err(_) => return Served::Closed,
                         Ok(_) => {}

@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 
 use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::conn_service::ConnService;
+use crate::gate::Gate;
 use crate::metrics::CloseReason;
 use crate::request_body::RequestBody;
 use crate::serve_h1;
@@ -239,8 +240,18 @@ async fn drive(
         closing: false,
         stopping: *stop.borrow(),
     };
-    if let Some((io, cache)) =
-        serve_natively(&service, io, servers.native, &mut watchdog, &mut stop).await
+    // The watchdog rarely has anything to say: it is polled only when its own timer or
+    // the shutdown signal woke it, not on every wake by the sockets.
+    let gate = Gate::new();
+    if let Some((io, cache)) = serve_natively(
+        &service,
+        io,
+        servers.native,
+        &mut watchdog,
+        &gate,
+        &mut stop,
+    )
+    .await
     {
         let io = TokioIo::new(io);
         let conn = servers
@@ -258,7 +269,7 @@ async fn drive(
                     }
                     break;
                 }
-                event = watchdog.next(&mut stop) => match event {
+                event = gate.wrap(watchdog.next(&mut stop)) => match event {
                     Event::Graceful => conn.as_mut().graceful_shutdown(),
                     Event::Cut => break,
                 }
@@ -275,6 +286,7 @@ async fn serve_natively(
     io: Watched<TcpStream>,
     limits: serve_h1::Limits,
     watchdog: &mut Watchdog<'_>,
+    gate: &Gate,
     stop: &mut watch::Receiver<bool>,
 ) -> Option<(Watched<TcpStream>, TargetCache)> {
     if watchdog.stopping {
@@ -289,7 +301,7 @@ async fn serve_natively(
                 serve_h1::Served::Closed => None,
                 serve_h1::Served::Handoff { io, cache } => Some((io, cache)),
             },
-            event = watchdog.next(stop) => match event {
+            event = gate.wrap(watchdog.next(stop)) => match event {
                 Event::Cut => return None,
                 // Between requests the connection just closes, as hyper's would; a
                 // request in flight is answered first, with `connection: close`.
