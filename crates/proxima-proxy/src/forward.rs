@@ -40,6 +40,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,6 +127,10 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// `replay` is the request's copy for a retry, if the caller keeps one; it serves
 /// hyper's resend too, so a request is copied at most once. The native exchange only
 /// borrows the request and needs no copy.
+///
+/// `deadline` bounds the connect phase here; the wait for response headers is bounded
+/// by the caller (one timer per request, `Proxy::watched`), who learns from `sent`
+/// whether the request had begun to be written when the deadline passed.
 pub(crate) async fn attempt(
     pool: &Arc<ConnPool>,
     addr: SocketAddr,
@@ -133,6 +138,7 @@ pub(crate) async fn attempt(
     deadline: Instant,
     connect_timeout: Duration,
     replay: Option<&Replay>,
+    sent: &AtomicBool,
 ) -> Attempt {
     let resendable = req.body().is_end_stream() && is_idempotent(req.method());
     let native = matches!(req.body(), RequestBody::Empty);
@@ -168,25 +174,28 @@ pub(crate) async fn attempt(
         };
         let mut sender = match held {
             Held::Parked(socket) if native => {
-                let exchange = h1::exchange(socket, &req, pool.max_response_headers());
-                match tokio::time::timeout_at(deadline.into(), exchange).await {
-                    Err(_) => return Attempt::TimedOut { sent: true },
-                    Ok(Ok(response)) => {
+                sent.store(true, Ordering::Relaxed);
+                match h1::exchange(socket, &req, pool.max_response_headers()).await {
+                    Ok(response) => {
                         return match first_frame(response.map(Rest::Native), deadline).await {
                             Ok((response, at)) => Attempt::Response(response, None, at),
                             Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
                         }
                     }
-                    Ok(Err(error)) if error.nothing_sent() && fresh => {
-                        return Attempt::NotSent(req, ConnectError::Closed(error.into()))
+                    Err(error) if error.nothing_sent() && fresh => {
+                        sent.store(false, Ordering::Relaxed);
+                        return Attempt::NotSent(req, ConnectError::Closed(error.into()));
                     }
                     // A stale keep-alive connection: same pod, another connection.
-                    Ok(Err(error)) if error.nothing_sent() => stale += 1,
-                    Ok(Err(error)) if !fresh && resendable && error.died_before_response() => {
+                    Err(error) if error.nothing_sent() => {
+                        sent.store(false, Ordering::Relaxed);
+                        stale += 1;
+                    }
+                    Err(error) if !fresh && resendable && error.died_before_response() => {
                         debug!(%addr, %error, "pooled connection died before a response; sending again on a fresh one");
                         stale = MAX_STALE;
                     }
-                    Ok(Err(error)) => {
+                    Err(error) => {
                         let kind = if error.is_protocol() {
                             ErrorKind::Protocol
                         } else {
@@ -213,21 +222,22 @@ pub(crate) async fn attempt(
             Some(shared) => Some(Cow::Borrowed(shared)),
             None => Some(Cow::Owned(Replay::of(&req))),
         };
-        let sent = sender.try_send_request(req);
-        match tokio::time::timeout_at(deadline.into(), sent).await {
-            Err(_) => return Attempt::TimedOut { sent: true },
-            Ok(Ok(response)) => {
+        sent.store(true, Ordering::Relaxed);
+        match sender.try_send_request(req).await {
+            Ok(response) => {
                 return match first_frame(response.map(Rest::Hyper), deadline).await {
                     Ok((response, at)) => Attempt::Response(response, Some(sender), at),
                     Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
                 }
             }
-            Ok(Err(mut error)) => match error.take_message() {
+            Err(mut error) => match error.take_message() {
                 Some(back) if fresh => {
-                    return Attempt::NotSent(back, ConnectError::Closed(error.into_error().into()))
+                    sent.store(false, Ordering::Relaxed);
+                    return Attempt::NotSent(back, ConnectError::Closed(error.into_error().into()));
                 }
                 Some(back) => {
                     // A stale keep-alive connection: same pod, fresh connection.
+                    sent.store(false, Ordering::Relaxed);
                     req = back;
                     stale += 1;
                 }
@@ -524,14 +534,20 @@ impl Proxy {
     /// Run one attempt on `picked`, watching it: once it has gone without response
     /// headers for longer than the SLO (plus any stall of the proxy meanwhile), a miss
     /// is stored at that moment, so a pod that hangs leaves the pool in about one SLO
-    /// rather than one `timeout`; if the client goes away first and this future is
-    /// dropped, "no answer after T" is stored (see [`Abandoned`]).
+    /// rather than one `timeout`; when the request's `deadline` passes, the attempt is
+    /// dropped and times out (`sent`: whether its request had begun to be written); if
+    /// the client goes away first and this future is dropped, "no answer after T" is
+    /// stored (see [`Abandoned`]). One timer serves both moments: it is set for the
+    /// sooner and moved on to the deadline.
+    #[allow(clippy::too_many_arguments)]
     async fn watched(
         &self,
         picked: &Picked,
         service: &ServiceMetrics,
         stall_start: Duration,
         slo: Duration,
+        deadline: Instant,
+        sent: &AtomicBool,
         mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
     ) -> Attempt {
         let mut abandoned = Abandoned {
@@ -542,34 +558,60 @@ impl Proxy {
             armed: true,
         };
         let mut overdue_at = picked.at + slo;
+        let timer = tokio::time::sleep_until(overdue_at.min(deadline).into());
+        tokio::pin!(timer);
         let result = loop {
             tokio::select! {
                 biased;
                 result = attempt.as_mut() => break result,
-                () = tokio::time::sleep_until(overdue_at.into()), if !picked.overdue() => {
+                () = timer.as_mut() => {
                     let now = Instant::now();
-                    let stall = self.stall_total(now).saturating_sub(stall_start);
-                    let waited = now.saturating_duration_since(picked.at).saturating_sub(stall);
-                    if waited > slo {
-                        debug!(
-                            service = service.label(),
-                            endpoint = %picked.endpoint().id,
-                            ?slo,
-                            "no response headers within the SLO: counted as a miss now"
-                        );
-                        service.overdue();
-                        if let Some(change) = self.router.record_overdue(picked, now) {
-                            self.pool_changed(service, &picked.endpoint().id, change);
-                        }
-                    } else {
-                        // The proxy itself stalled meanwhile: give the pod that time.
-                        overdue_at = picked.at + slo + stall + Duration::from_millis(1);
+                    if now >= deadline {
+                        break Attempt::TimedOut { sent: sent.load(Ordering::Relaxed) };
                     }
+                    if !picked.overdue() && now >= overdue_at {
+                        overdue_at = self.overdue(picked, service, stall_start, slo, now);
+                    }
+                    let next = if picked.overdue() { deadline } else { overdue_at.min(deadline) };
+                    timer.as_mut().reset(next.into());
                 }
             }
         };
         abandoned.armed = false;
         result
+    }
+
+    /// An attempt has had no response headers for longer than `slo` at `now`: store the
+    /// miss, unless the proxy's own stall explains the wait; then the next moment to
+    /// look again, the stall added.
+    fn overdue(
+        &self,
+        picked: &Picked,
+        service: &ServiceMetrics,
+        stall_start: Duration,
+        slo: Duration,
+        now: Instant,
+    ) -> Instant {
+        let stall = self.stall_total(now).saturating_sub(stall_start);
+        let waited = now
+            .saturating_duration_since(picked.at)
+            .saturating_sub(stall);
+        if waited > slo {
+            debug!(
+                service = service.label(),
+                endpoint = %picked.endpoint().id,
+                ?slo,
+                "no response headers within the SLO: counted as a miss now"
+            );
+            service.overdue();
+            if let Some(change) = self.router.record_overdue(picked, now) {
+                self.pool_changed(service, &picked.endpoint().id, change);
+            }
+            now
+        } else {
+            // The proxy itself stalled meanwhile: give the pod that time.
+            picked.at + slo + stall + Duration::from_millis(1)
+        }
     }
 
     /// Answer a request that names no routable service or is malformed.
@@ -704,6 +746,7 @@ impl Proxy {
             // Pinned here and watched by reference: a future taken by value would be
             // stored twice in `watched`'s state (argument and pinned local), and each
             // copy of this one is moved with every move of the request's future.
+            let written = AtomicBool::new(false);
             let sent = attempt(
                 &self.pool,
                 addr,
@@ -711,10 +754,19 @@ impl Proxy {
                 deadline,
                 connect_timeout,
                 replay.as_ref(),
+                &written,
             );
             tokio::pin!(sent);
             let failed = match self
-                .watched(&picked, &service, stall_start, slo, sent)
+                .watched(
+                    &picked,
+                    &service,
+                    stall_start,
+                    slo,
+                    deadline,
+                    &written,
+                    sent,
+                )
                 .await
             {
                 Attempt::Response(response, sender, now) => {

@@ -30,7 +30,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -224,16 +224,22 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
         None => path_probe(&ticket),
     };
 
-    let outcome = match attempt(
+    let sent = AtomicBool::new(false);
+    let answer = attempt(
         &proxy.pool,
         ticket.addr,
         req,
         deadline,
         ticket.timeout,
         None,
-    )
-    .await
-    {
+        &sent,
+    );
+    let answer = tokio::time::timeout_at(deadline.into(), answer)
+        .await
+        .unwrap_or(Attempt::TimedOut {
+            sent: sent.load(Ordering::Relaxed),
+        });
+    let outcome = match answer {
         Attempt::Response(response, sender, headers_at) => {
             let latency = headers_at.saturating_duration_since(start);
             let status = response.status().as_u16();
