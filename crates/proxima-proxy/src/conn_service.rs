@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::header::HOST;
-use http::{HeaderValue, Request, StatusCode};
+use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument, Span};
 
@@ -180,6 +180,11 @@ impl ConnService {
             client_ip,
             activity,
         })
+    }
+
+    /// The header that names the target service.
+    pub(crate) fn service_header(&self) -> &HeaderName {
+        &self.proxy.config.service_header
     }
 
     /// Admit `req` (or refuse it: shed, over the limits) and resolve the service it

@@ -36,6 +36,7 @@
 //! [`H1Error::nothing_sent`] and [`H1Error::died_before_response`] tell the cases apart
 //! for `forward.rs`.
 
+use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::task::{ready, Context, Poll};
@@ -183,7 +184,16 @@ pub(crate) async fn exchange<B>(
     req: &Request<B>,
     max_headers: usize,
 ) -> Result<Response<NativeBody>, H1Error> {
-    write_all(&stream, &encode_head(req)).await?;
+    // The head is written into the thread's scratch buffer, given back after the write
+    // (a future dropped meanwhile just frees it).
+    let mut head = HEAD_SCRATCH.with(Cell::take);
+    encode_head(req, &mut head);
+    let written = write_all(&stream, &head).await;
+    if head.capacity() <= MAX_SCRATCH {
+        head.clear();
+        HEAD_SCRATCH.with(|scratch| scratch.set(head));
+    }
+    written?;
     let head_request = req.method() == Method::HEAD;
     let mut buf = BytesMut::new();
     let mut drained = false;
@@ -212,9 +222,17 @@ pub(crate) async fn exchange<B>(
     }
 }
 
+thread_local! {
+    /// A buffer for request heads, reused by the exchanges of the thread.
+    static HEAD_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Request heads larger than this do not keep their buffer for the next exchange.
+const MAX_SCRATCH: usize = 16 * 1024;
+
 /// The request line and header fields, as hyper's client writes them: origin-form
 /// target, HTTP/1.1, fields in order; no `Transfer-Encoding`, since no body follows.
-fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
+fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
     let target = req
         .uri()
         .path_and_query()
@@ -228,7 +246,7 @@ fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     // Request line: method, space, target, " HTTP/1.1\r\n"; the blank line at the end.
-    let mut out = Vec::with_capacity(method.len() + 1 + target.len() + 11 + fields + 2);
+    out.reserve(method.len() + 1 + target.len() + 11 + fields + 2);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
@@ -243,7 +261,6 @@ fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out
 }
 
 async fn write_all(stream: &TcpStream, data: &[u8]) -> Result<(), H1Error> {
@@ -1291,8 +1308,14 @@ mod tests {
             .header("x-a", "2")
             .body(())
             .unwrap();
+        let encoded = |req: &Request<()>| {
+            let mut out = Vec::new();
+            encode_head(req, &mut out);
+            out
+        };
+        let head = encoded(&req);
         assert_eq!(
-            encode_head(&req),
+            head,
             b"DELETE /a/b?c=d HTTP/1.1\r\nhost: api\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
         );
         let star = Request::builder()
@@ -1300,7 +1323,10 @@ mod tests {
             .uri("*")
             .body(())
             .unwrap();
-        assert_eq!(encode_head(&star), b"OPTIONS * HTTP/1.1\r\n\r\n");
+        let head = encoded(&star);
+        assert_eq!(head, b"OPTIONS * HTTP/1.1\r\n\r\n");
+        // Reserved at its exact size once (it used to be one byte short, and grown).
+        assert_eq!(head.capacity(), head.len());
     }
 
     /// A pod on loopback that answers the first request with `answer`, then, when told,

@@ -107,7 +107,12 @@ pub(crate) async fn serve(
             // new bytes hold one: a client sending a byte at a time cannot make the
             // parse quadratic.
             if buf[searched..].contains(&b'\n') {
-                match parse_request(&mut buf, limits.max_headers, &mut fields) {
+                match parse_request(
+                    &mut buf,
+                    limits.max_headers,
+                    &mut fields,
+                    service.service_header(),
+                ) {
                     Parse::Partial => {}
                     Parse::Request(parsed) => break parsed,
                     Parse::NotNative => return handoff(io, buf, cache),
@@ -216,14 +221,22 @@ struct Scanned {
 
 /// Parse the request head at the start of `buf`. On success the head is split off
 /// `buf` (what follows stays, for the next request) and the request's values share it.
-fn parse_request(buf: &mut BytesMut, max_headers: usize, fields: &mut Vec<Field>) -> Parse {
+/// `known`: a header name nearly every request has (the service header), taken as is
+/// rather than made again (a name outside the standard set is copied to the heap).
+fn parse_request(
+    buf: &mut BytesMut,
+    max_headers: usize,
+    fields: &mut Vec<Field>,
+    known: &HeaderName,
+) -> Parse {
     // Nearly every head fits in a few dozen field slots on the stack; only one that
     // does not is parsed again with room for the configured most.
     let max_headers = max_headers.max(1);
     let first = max_headers.min(COMMON_HEADERS);
-    let scanned = match crate::h1::with_header_slots(first, |slots| scan(buf, slots, fields)) {
+    let scanned = match crate::h1::with_header_slots(first, |slots| scan(buf, slots, fields, known))
+    {
         Err(Unserved::TooManyHeaders) if max_headers > first => {
-            crate::h1::with_header_slots(max_headers, |slots| scan(buf, slots, fields))
+            crate::h1::with_header_slots(max_headers, |slots| scan(buf, slots, fields, known))
         }
         scanned => scanned,
     };
@@ -283,6 +296,7 @@ fn scan<'b>(
     buf: &'b [u8],
     slots: &mut [MaybeUninit<httparse::Header<'b>>],
     fields: &mut Vec<Field>,
+    known: &HeaderName,
 ) -> Result<Option<Scanned>, Unserved> {
     let mut parsed = httparse::Request::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
@@ -313,7 +327,11 @@ fn scan<'b>(
     let target = offset(parsed.path.ok_or(Unserved::Other)?.as_bytes());
     fields.clear();
     for header in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| Unserved::Other)?;
+        let name = if header.name.eq_ignore_ascii_case(known.as_str()) {
+            known.clone()
+        } else {
+            HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| Unserved::Other)?
+        };
         let body_or_switch = name == TRANSFER_ENCODING
             || name == EXPECT
             || name == UPGRADE
@@ -338,6 +356,9 @@ fn scan<'b>(
     }))
 }
 
+/// The default service header, for the fuzz and unit tests.
+const SERVICE_HEADER: HeaderName = HeaderName::from_static("x-service");
+
 /// For the fuzz tests: parse `input` as a client's request head, as the native loop
 /// does. Returns whether the loop would serve it itself, and how many bytes stay
 /// buffered (all of them when it would not: hyper gets every byte); never panics.
@@ -345,7 +366,7 @@ fn scan<'b>(
 pub fn parse_request_for_fuzzing(input: &[u8], max_headers: usize) -> (bool, usize) {
     let mut buf = BytesMut::from(input);
     let native = matches!(
-        parse_request(&mut buf, max_headers, &mut Vec::new()),
+        parse_request(&mut buf, max_headers, &mut Vec::new(), &SERVICE_HEADER),
         Parse::Request(_)
     );
     (native, buf.len())
@@ -596,7 +617,7 @@ mod tests {
 
     fn parse(head: &[u8]) -> (Parse, BytesMut) {
         let mut buf = BytesMut::from(head);
-        let parsed = parse_request(&mut buf, 100, &mut Vec::new());
+        let parsed = parse_request(&mut buf, 100, &mut Vec::new(), &SERVICE_HEADER);
         (parsed, buf)
     }
 
@@ -615,6 +636,19 @@ mod tests {
         assert_eq!(request.headers()["x-service"], "bench");
         assert_eq!(request.headers()["host"], "svc");
         assert_eq!(&rest[..], b"GET /next");
+    }
+
+    #[test]
+    fn a_configured_service_header_is_recognised_in_any_case() {
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nX-Target: a\r\nx-targets: b\r\n\r\n"[..]);
+        let known = HeaderName::from_static("x-target");
+        let Parse::Request(native) = parse_request(&mut buf, 100, &mut Vec::new(), &known) else {
+            panic!("not native")
+        };
+        let headers = native.request.headers();
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers["x-target"], "a");
+        assert_eq!(headers["x-targets"], "b");
     }
 
     #[test]
@@ -672,19 +706,20 @@ mod tests {
         // More fields than the first parse has slots for, fewer than the limit: native.
         let hundred = head_with_fields(100);
         let mut buf = BytesMut::from(hundred.as_bytes());
-        let Parse::Request(native) = parse_request(&mut buf, 800, &mut Vec::new()) else {
+        let Parse::Request(native) = parse_request(&mut buf, 800, &mut Vec::new(), &SERVICE_HEADER)
+        else {
             panic!("100 fields under a limit of 800 not native")
         };
         assert_eq!(native.request.headers().len(), 100);
         let mut buf = BytesMut::from(hundred.as_bytes());
         assert!(matches!(
-            parse_request(&mut buf, 99, &mut Vec::new()),
+            parse_request(&mut buf, 99, &mut Vec::new(), &SERVICE_HEADER),
             Parse::NotNative
         ));
         // More fields than a `HeaderMap` holds: hyper's to refuse, every byte kept.
         let many = head_with_fields(33_000);
         let mut buf = BytesMut::from(many.as_bytes());
-        let parsed = parse_request(&mut buf, 40_000, &mut Vec::new());
+        let parsed = parse_request(&mut buf, 40_000, &mut Vec::new(), &SERVICE_HEADER);
         assert!(matches!(parsed, Parse::NotNative));
         assert!(buf[..] == *many.as_bytes());
     }
