@@ -177,10 +177,12 @@ pub(crate) async fn attempt(
                 sent.store(true, Ordering::Relaxed);
                 match h1::exchange(socket, &req, pool.max_response_headers()).await {
                     Ok(response) => {
+                        // The request's head is written: its map can serve another.
+                        crate::headers::spare_maps::give_back(std::mem::take(req.headers_mut()));
                         return match first_frame(response.map(Rest::Native), deadline).await {
                             Ok((response, at)) => Attempt::Response(response, None, at),
                             Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
-                        }
+                        };
                     }
                     Err(error) if error.nothing_sent() && fresh => {
                         sent.store(false, Ordering::Relaxed);

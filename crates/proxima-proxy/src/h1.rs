@@ -44,7 +44,9 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 
-use crate::headers::{connection_options, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION};
+use crate::headers::{
+    connection_options, spare_maps, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION,
+};
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
@@ -455,7 +457,8 @@ fn build_head(
             }
         }
     }
-    let mut headers = HeaderMap::with_capacity(response.headers.len());
+    let mut headers = spare_maps::take(response.headers.len())
+        .map_err(|_| H1Error::TooManyHeaders(response.headers.len()))?;
     let mut fields = FramingFields::default();
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())

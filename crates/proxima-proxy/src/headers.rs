@@ -139,6 +139,81 @@ pub(crate) fn header_bytes(headers: &HeaderMap) -> usize {
         .sum()
 }
 
+/// Header maps kept for reuse by the thread: a request's and a response's map cost two
+/// allocations each, on every request. A map comes back cleared once its head has been
+/// written (`serve_h1::respond`, `forward::attempt`); larger ones are not kept.
+pub(crate) mod spare_maps {
+    use std::cell::RefCell;
+
+    use http::HeaderMap;
+
+    /// Maps kept per thread (a worker has a few requests in flight at once).
+    const KEPT: usize = 16;
+    /// Maps that held more fields than this are freed, not kept.
+    const MAX_CAPACITY: usize = 64;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<HeaderMap>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty map with room for `capacity` fields: a kept one if there is one.
+    pub(crate) fn take(capacity: usize) -> Result<HeaderMap, http::header::MaxSizeReached> {
+        let kept = SPARE
+            .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten();
+        match kept {
+            Some(mut map) => {
+                map.try_reserve(capacity)?;
+                Ok(map)
+            }
+            None => HeaderMap::try_with_capacity(capacity),
+        }
+    }
+
+    /// Keep `map`, emptied, for a later [`take`] on this thread.
+    pub(crate) fn give_back(mut map: HeaderMap) {
+        if map.capacity() == 0 || map.capacity() > MAX_CAPACITY {
+            return;
+        }
+        map.clear();
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < KEPT {
+                    spare.push(map);
+                }
+            }
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use http::HeaderValue;
+
+        #[test]
+        fn a_map_comes_back_empty_with_its_room_and_large_ones_are_not_kept() {
+            std::thread::spawn(|| {
+                let mut map = take(4).unwrap();
+                map.insert("x-a", HeaderValue::from_static("1"));
+                let room = map.capacity();
+                give_back(map);
+                let again = take(2).unwrap();
+                assert!(again.is_empty());
+                assert_eq!(again.capacity(), room, "the kept map, not a new one");
+
+                let mut large = take(200).unwrap();
+                large.insert("x-b", HeaderValue::from_static("2"));
+                give_back(large);
+                let next = take(1).unwrap();
+                assert!(next.capacity() <= MAX_CAPACITY);
+            })
+            .join()
+            .unwrap();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,9 +41,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
-use http::{
-    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
-};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,6 +50,7 @@ use crate::body::ResponseBody;
 use crate::conn::Watched;
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
+use crate::headers::spare_maps;
 use crate::request_body::RequestBody;
 use crate::target::TargetCache;
 
@@ -266,7 +265,7 @@ fn parse_request(
     // Room for the forwarding headers `forward` adds, so the map is not grown and
     // rehashed once per request. A head with more fields than a map can hold
     // (`HeaderMap`'s 32768) is hyper's to refuse.
-    let Ok(mut headers) = HeaderMap::try_with_capacity(fields.len() + FORWARDING_HEADERS) else {
+    let Ok(mut headers) = spare_maps::take(fields.len() + FORWARDING_HEADERS) else {
         return give_back(buf);
     };
     for field in fields.drain(..) {
@@ -394,6 +393,7 @@ async fn respond(
     let framing = framing(&mut parts, &body, version, head_request);
     let close = close || framing == Framing::UntilClose;
     encode_head(head, &parts, version, close);
+    spare_maps::give_back(std::mem::take(&mut parts.headers));
     let mut body = Pin::new(&mut body);
     if framing == Framing::None {
         write_all(io, &mut [IoSlice::new(head)]).await?;
@@ -612,6 +612,7 @@ async fn write_all(io: &mut Watched<TcpStream>, bufs: &mut [IoSlice<'_>]) -> io:
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use http::HeaderMap;
 
     use super::*;
 
