@@ -15,19 +15,12 @@ set -euo pipefail
 WORKERS=${WORKERS:-1}; CONNS=${CONNS:-32}; THREADS=${THREADS:-1}; R=${R:-5}; D=${D:-8s}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 (($# > 0)) || { sed -n '2,13p' "$0"; exit 2; }
-WORK=$(mktemp -d /tmp/proxima-ab.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=benches/load/configs.sh
+source "$ROOT/benches/load/configs.sh"
+work_dir ab
 
 # configs.sh reads these; its nginx proxy is started only with WITH_NGINX=1.
 ORIGIN_WORKERS=1 ORIGIN_PORT=19280 NGINX_PORT=19281 HAPROXY_PORT=19282 CONNECTIONS=$CONNS
-# shellcheck source=benches/load/configs.sh
-source "$ROOT/benches/load/configs.sh"
 write_configs
 nginx -e "$WORK/origin.err" -p "$WORK" -c "$WORK/origin.conf" & PIDS+=($!)
 declare -A PORT PID

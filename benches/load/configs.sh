@@ -1,5 +1,21 @@
-# Configs shared by the load scripts (sourced by run.sh and cpu.sh): the origin nginx,
-# nginx and HAProxy as reverse proxies, and Proxima's discovery file, all in $WORK.
+# Shared by the load scripts (sourced): a work directory that goes with the script, and
+# the configs in it (the origin nginx, nginx and HAProxy as reverse proxies, Proxima's
+# discovery file).
+
+# `work_dir NAME`: a fresh $WORK, and $PIDS for the processes started there (append each
+# one's pid); when the script exits, the processes are stopped and $WORK removed.
+work_dir() {
+    WORK=$(mktemp -d "/tmp/proxima-$1.XXXXXX")
+    PIDS=()
+    trap stop_work EXIT
+}
+
+stop_work() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+
 # Reads: WORK WORKERS ORIGIN_WORKERS ORIGIN_PORT NGINX_PORT HAPROXY_PORT CONNECTIONS.
 write_configs() {
 mkdir -p "$WORK/tmp"

@@ -21,19 +21,14 @@ ROUNDS=${ROUNDS:-5}
 BASE_PORT=${BASE_PORT:-18280}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PROXIMA_BIN=${PROXIMA_BIN:-$ROOT/target/dist/proxima}
-WORK=$(mktemp -d /tmp/proxima-cpu.XXXXXX)
+# shellcheck source=benches/load/configs.sh
+source "$ROOT/benches/load/configs.sh"
+work_dir cpu
 ORIGIN=$BASE_PORT
 declare -A PORT=([nginx]=$((BASE_PORT + 1)) [haproxy]=$((BASE_PORT + 2)) [proxima]=$((BASE_PORT + 3)))
 TARGETS=(nginx haproxy proxima)
 
 log() { printf '[cpu %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 for tool in wrk nginx haproxy curl; do
     command -v "$tool" >/dev/null || { log "$tool is missing (benches/load/run.sh installs it)"; exit 1; }
@@ -42,8 +37,6 @@ done
 
 # The same configs as run.sh, with one worker each.
 WORKERS=1 ORIGIN_WORKERS=1 ORIGIN_PORT=$ORIGIN NGINX_PORT=${PORT[nginx]} HAPROXY_PORT=${PORT[haproxy]}
-# shellcheck source=benches/load/configs.sh
-source "$ROOT/benches/load/configs.sh"
 write_configs
 
 nginx -e "$WORK/origin.err" -p "$WORK" -c "$WORK/origin.conf" & PIDS+=($!)

@@ -19,19 +19,12 @@ TOP=${TOP:-25}
 for tool in valgrind callgrind_annotate nginx wrk; do
     command -v "$tool" >/dev/null || { echo "$tool is missing" >&2; exit 1; }
 done
-WORK=$(mktemp -d /tmp/proxima-instructions.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=benches/load/configs.sh
+source "$ROOT/benches/load/configs.sh"
+work_dir instructions
 
 # configs.sh reads these; only its origin and discovery file are used here.
 WORKERS=1 ORIGIN_WORKERS=1 ORIGIN_PORT=19480 NGINX_PORT=19481 HAPROXY_PORT=19482 CONNECTIONS=8
-# shellcheck source=benches/load/configs.sh
-source "$ROOT/benches/load/configs.sh"
 write_configs
 nginx -e "$WORK/origin.err" -p "$WORK" -c "$WORK/origin.conf" & PIDS+=($!)
 TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind --callgrind-out-file="$WORK/out.cg" \
