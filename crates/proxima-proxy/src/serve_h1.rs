@@ -489,10 +489,21 @@ fn framing(
     let no_body_status = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    parts.headers.remove(TRANSFER_ENCODING);
+    // One scan of the (few) names says which of the lookups below are needed.
+    let (mut coded, mut length) = (false, false);
+    for name in parts.headers.keys() {
+        coded |= name == TRANSFER_ENCODING;
+        length |= name == CONTENT_LENGTH;
+    }
+    if coded {
+        parts.headers.remove(TRANSFER_ENCODING);
+    }
     // Upstream answers arrive with their lengths checked and merged (`h1.rs`); the
     // proxy's own answers have none.
-    let declared = crate::h1::content_length(&mut parts.headers).ok().flatten();
+    let declared = match length {
+        true => crate::h1::content_length(&mut parts.headers).ok().flatten(),
+        false => None,
+    };
     if declared.is_none() && !no_body_status {
         // The length the body has, if it is known (a HEAD answer says what a GET's would).
         if let Some(exact) = body.size_hint().exact() {
@@ -548,10 +559,12 @@ fn encode_head(out: &mut Vec<u8>, parts: &http::response::Parts, version: Versio
         ),
     }
     out.extend_from_slice(b"\r\n");
+    let mut dated = false;
     for (name, value) in &parts.headers {
         if name == CONNECTION {
             continue;
         }
+        dated |= name == DATE;
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -562,7 +575,7 @@ fn encode_head(out: &mut Vec<u8>, parts: &http::response::Parts, version: Versio
     } else if version == Version::HTTP_10 {
         out.extend_from_slice(b"connection: keep-alive\r\n");
     }
-    if !parts.headers.contains_key(DATE) {
+    if !dated {
         out.extend_from_slice(b"date: ");
         with_date(|date| out.extend_from_slice(date));
         out.extend_from_slice(b"\r\n");
