@@ -442,6 +442,17 @@ fn prepare(req: Request<RequestBody>, client_ip: &HeaderValue) -> Request<Reques
     Request::from_parts(parts, body)
 }
 
+/// What [`Proxy::watched`] watches an attempt by.
+struct Watch<'a> {
+    /// The proxy's stall total when the attempt began (`stall.rs`).
+    stall_start: Duration,
+    slo: Duration,
+    /// The request's deadline: no response headers by then is a timeout.
+    deadline: Instant,
+    /// Set by the attempt once its request begins to be written.
+    sent: &'a AtomicBool,
+}
+
 /// Dropped with `armed` set when the client went away (HTTP/1 close, h2 reset) while an
 /// attempt was waiting for response headers: the wait so far is still a measurement.
 struct Abandoned<'a> {
@@ -541,17 +552,19 @@ impl Proxy {
     /// the client goes away first and this future is dropped, "no answer after T" is
     /// stored (see [`Abandoned`]). One timer serves both moments: it is set for the
     /// sooner and moved on to the deadline.
-    #[allow(clippy::too_many_arguments)]
     async fn watched(
         &self,
         picked: &Picked,
         service: &ServiceMetrics,
-        stall_start: Duration,
-        slo: Duration,
-        deadline: Instant,
-        sent: &AtomicBool,
+        watch: Watch<'_>,
         mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
     ) -> Attempt {
+        let Watch {
+            stall_start,
+            slo,
+            deadline,
+            sent,
+        } = watch;
         let mut abandoned = Abandoned {
             proxy: self,
             picked,
@@ -572,7 +585,9 @@ impl Proxy {
                         break Attempt::TimedOut { sent: sent.load(Ordering::Relaxed) };
                     }
                     if !picked.overdue() && now >= overdue_at {
-                        overdue_at = self.overdue(picked, service, stall_start, slo, now);
+                        if let Some(later) = self.overdue(picked, service, stall_start, slo, now) {
+                            overdue_at = later;
+                        }
                     }
                     let next = if picked.overdue() { deadline } else { overdue_at.min(deadline) };
                     timer.as_mut().reset(next.into());
@@ -584,8 +599,8 @@ impl Proxy {
     }
 
     /// An attempt has had no response headers for longer than `slo` at `now`: store the
-    /// miss, unless the proxy's own stall explains the wait; then the next moment to
-    /// look again, the stall added.
+    /// miss, unless the proxy's own stall explains the wait; then the moment to look
+    /// again, the stall added.
     fn overdue(
         &self,
         picked: &Picked,
@@ -593,7 +608,7 @@ impl Proxy {
         stall_start: Duration,
         slo: Duration,
         now: Instant,
-    ) -> Instant {
+    ) -> Option<Instant> {
         let stall = self.stall_total(now).saturating_sub(stall_start);
         let waited = now
             .saturating_duration_since(picked.at)
@@ -609,10 +624,10 @@ impl Proxy {
             if let Some(change) = self.router.record_overdue(picked, now) {
                 self.pool_changed(service, &picked.endpoint().id, change);
             }
-            now
+            None
         } else {
             // The proxy itself stalled meanwhile: give the pod that time.
-            picked.at + slo + stall + Duration::from_millis(1)
+            Some(picked.at + slo + stall + Duration::from_millis(1))
         }
     }
 
@@ -763,10 +778,12 @@ impl Proxy {
                 .watched(
                     &picked,
                     &service,
-                    stall_start,
-                    slo,
-                    deadline,
-                    &written,
+                    Watch {
+                        stall_start,
+                        slo,
+                        deadline,
+                        sent: &written,
+                    },
                     sent,
                 )
                 .await

@@ -354,8 +354,7 @@ fn parse_head(
             // already malformed fails now rather than when the pod stops sending.
             return parse_response(buf, max_headers, |_, parsed| match parsed {
                 Ok(_) => Ok(None),
-                Err(httparse::Error::TooManyHeaders) => Err(H1Error::TooManyHeaders(max_headers)),
-                Err(e) => Err(H1Error::Parse(e)),
+                Err(e) => Err(parse_error(e, max_headers)),
             });
         };
         let bytes = buf.split_to(end).freeze();
@@ -369,14 +368,20 @@ fn parse_head(
                 }
             }
             Ok(_) => Err(H1Error::Parse(httparse::Error::Status)),
-            Err(httparse::Error::TooManyHeaders) => Err(H1Error::TooManyHeaders(max_headers)),
-            Err(e) => Err(H1Error::Parse(e)),
+            Err(e) => Err(parse_error(e, max_headers)),
         })?;
         if let Some(mut head) = head {
             head.rest = buf.split().freeze();
             return Ok(Some(head));
         }
         // An interim response (1xx): the final one follows.
+    }
+}
+
+fn parse_error(error: httparse::Error, max_headers: usize) -> H1Error {
+    match error {
+        httparse::Error::TooManyHeaders => H1Error::TooManyHeaders(max_headers),
+        error => H1Error::Parse(error),
     }
 }
 

@@ -109,11 +109,7 @@ impl Proxy {
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);
-        let admission = Arc::new(Semaphore::new(
-            config
-                .max_concurrent_requests
-                .clamp(1, Semaphore::MAX_PERMITS),
-        ));
+        let admission = Arc::new(Semaphore::new(admission_places(&config)));
         let connections = Arc::new(Semaphore::new(
             config
                 .max_client_connections
@@ -155,11 +151,7 @@ impl Proxy {
     /// Requests holding a place under `max_concurrent_requests`: admitted, and their
     /// response not yet sent or dropped.
     pub fn requests_in_flight(&self) -> usize {
-        let places = self
-            .config
-            .max_concurrent_requests
-            .clamp(1, Semaphore::MAX_PERMITS);
-        places.saturating_sub(self.admission.available_permits())
+        admission_places(&self.config).saturating_sub(self.admission.available_permits())
     }
 
     /// Idle upstream keep-alive connections currently pooled.
@@ -176,4 +168,11 @@ impl Proxy {
     pub fn idle_connections_to(&self, addr: std::net::SocketAddr) -> usize {
         self.pool.idle_to(addr)
     }
+}
+
+/// Requests admitted at once: `max_concurrent_requests`, within what a semaphore holds.
+fn admission_places(config: &ProxyConfig) -> usize {
+    config
+        .max_concurrent_requests
+        .clamp(1, Semaphore::MAX_PERMITS)
 }
