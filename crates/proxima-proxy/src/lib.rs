@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+mod balance;
 mod body;
 mod config;
 mod conn;

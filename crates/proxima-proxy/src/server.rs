@@ -31,10 +31,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::balance::{Accepted, Member, Served};
 use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
@@ -114,6 +115,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    serve_with(proxy, listener, shutdown, None).await
+}
+
+/// [`serve`], as one of several workers sharing `listener` when `balance` is this
+/// worker's seat: connections are then spread evenly over the workers (`balance.rs`).
+pub(crate) async fn serve_with(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    mut balance: Option<Member>,
+) -> std::io::Result<()> {
     let servers = Arc::new(Servers {
         hyper: builder(&proxy.config),
         native: serve_h1::Limits {
@@ -154,15 +166,21 @@ pub async fn serve(
                         }
                         continue;
                     };
-                    connections.spawn(drive(
-                        proxy.clone(),
-                        servers.clone(),
-                        timeouts,
-                        stream,
-                        peer,
-                        permit,
-                        stop_rx.clone(),
-                    ));
+                    let accepted = Accepted { stream, peer, permit };
+                    let placed = match &balance {
+                        Some(member) => member.place(accepted).map(|(a, served)| (a, Some(served))),
+                        None => Some((accepted, None)),
+                    };
+                    if let Some((accepted, served)) = placed {
+                        connections.spawn(drive(
+                            proxy.clone(),
+                            servers.clone(),
+                            timeouts,
+                            accepted,
+                            served,
+                            stop_rx.clone(),
+                        ));
+                    }
                 }
                 Err(error) => {
                     if let Some(more) = accept_errors.allow(Instant::now()) {
@@ -171,6 +189,18 @@ pub async fn serve(
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
+            (accepted, served) = handed_over(&mut balance) => {
+                if let Some(accepted) = accepted {
+                    connections.spawn(drive(
+                        proxy.clone(),
+                        servers.clone(),
+                        timeouts,
+                        accepted,
+                        Some(served),
+                        stop_rx.clone(),
+                    ));
+                }
+            }
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
                 if let Err(error) = joined {
                     warn!(%error, "connection task failed");
@@ -179,6 +209,22 @@ pub async fn serve(
         }
     }
     drop(listener);
+    // Connections other workers handed over before this one stopped are served like
+    // those it accepted itself: answered, then closed as the shutdown asks.
+    if let Some(member) = &mut balance {
+        for (accepted, served) in member.close() {
+            if let Some(accepted) = accepted {
+                connections.spawn(drive(
+                    proxy.clone(),
+                    servers.clone(),
+                    timeouts,
+                    accepted,
+                    Some(served),
+                    stop_rx.clone(),
+                ));
+            }
+        }
+    }
     info!(
         connections = connections.len(),
         grace = ?proxy.config.shutdown_grace,
@@ -200,6 +246,14 @@ pub async fn serve(
     Ok(())
 }
 
+/// The next connection another worker hands to this one; never, without a balance.
+async fn handed_over(balance: &mut Option<Member>) -> (Option<Accepted>, Served) {
+    match balance {
+        Some(member) => member.handed_over().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The two servers a client connection may meet: the proxy's own HTTP/1.1 loop first,
 /// then hyper's, set up once per listener.
 struct Servers {
@@ -217,12 +271,16 @@ async fn drive(
     proxy: Arc<Proxy>,
     servers: Arc<Servers>,
     timeouts: ConnTimeouts,
-    stream: TcpStream,
-    peer: SocketAddr,
-    permit: OwnedSemaphorePermit,
+    accepted: Accepted,
+    served: Option<Served>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let _permit = permit;
+    let Accepted {
+        stream,
+        peer,
+        permit: _permit,
+    } = accepted;
+    let _served = served;
     let gauge = proxy.metrics.client_connections().clone();
     gauge.inc();
     let _ = stream.set_nodelay(true);

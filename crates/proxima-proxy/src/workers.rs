@@ -10,7 +10,9 @@
 //!
 //! * every worker polls a duplicate of the one listening socket, so whichever worker is
 //!   free takes the next connection, and there is still exactly one bound port (no
-//!   `SO_REUSEPORT`, which would also let another process bind it);
+//!   `SO_REUSEPORT`, which would also let another process bind it); a worker that
+//!   finds itself two connections ahead of another hands the new one over, so a burst
+//!   of connections is still spread evenly (`balance.rs`);
 //! * upstream keep-alive connections are reused by the worker that opened them (the
 //!   pool tags them, see `pool.rs`): handing one to another thread would turn every
 //!   request into two cross-thread wake-ups;
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tracing::info;
 
+use crate::balance::{Balance, Member};
 use crate::stall::StallMeter;
 use crate::Proxy;
 
@@ -83,7 +86,8 @@ where
     proxy.pool.serve_on_workers();
     let workers = workers.max(1);
     let mut done = Vec::with_capacity(workers);
-    for n in 1..=workers {
+    let seats = Balance::seats(workers);
+    for (n, seat) in (1..=workers).zip(seats) {
         let listener = listener.try_clone()?;
         let proxy = proxy.clone();
         let stop = stop();
@@ -91,7 +95,7 @@ where
         std::thread::Builder::new()
             .name(format!("proxima-worker-{n}"))
             .spawn(move || {
-                let _ = tx.send(run_worker(n as u32, proxy, listener, stop));
+                let _ = tx.send(run_worker(n as u32, proxy, listener, seat, stop));
             })?;
         done.push(rx);
     }
@@ -126,6 +130,7 @@ fn run_worker(
     index: u32,
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
+    seat: Member,
     stop: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -136,7 +141,7 @@ fn run_worker(
         StallMeter::spawn(&stall, proxy.router());
         enter(Some((index, stall)));
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let served = crate::serve(proxy, listener, stop).await;
+        let served = crate::server::serve_with(proxy, listener, stop, Some(seat)).await;
         enter(None);
         served
     })
