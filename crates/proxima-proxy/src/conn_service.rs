@@ -7,6 +7,7 @@
 //! included) is answered `503` at once with a JSON body and `retry-after`, counted in
 //! `proxima_requests_shed_total` (see [`shed`]).
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -243,26 +244,28 @@ impl Admitted {
     /// The answer: the refusal, or what [`Proxy::forward`] brings back. The response
     /// body holds the request's marks (in flight on its connection, its place under the
     /// concurrency limit) until it has been sent or dropped.
-    pub(crate) async fn answer(self) -> http::Response<crate::ResponseBody> {
-        let Admitted {
-            proxy,
-            client_ip,
-            in_flight,
-            admission,
-            work,
-        } = self;
-        let mut response = match work {
-            Err(refused) => *refused,
-            Ok(ToForward { req, target, span }) => {
-                proxy.forward(req, target, client_ip).instrument(span).await
+    ///
+    /// An async block that takes `self`'s fields where they lie (an `async fn` would
+    /// store `self` twice in its state, which moves with the request's future).
+    pub(crate) fn answer(self) -> impl Future<Output = http::Response<crate::ResponseBody>> {
+        async move {
+            let mut response = match self.work {
+                Err(refused) => *refused,
+                Ok(ToForward { req, target, span }) => {
+                    self.proxy
+                        .forward(req, target, self.client_ip)
+                        .instrument(span)
+                        .await
+                }
+            };
+            // Set in place: the response is a few hundred bytes, and `map` would move it
+            // twice.
+            let body = response.body_mut();
+            body.hold(self.in_flight);
+            if let Some(permit) = self.admission {
+                body.admit(permit);
             }
-        };
-        // Set in place: the response is a few hundred bytes, and `map` would move it twice.
-        let body = response.body_mut();
-        body.hold(in_flight);
-        if let Some(permit) = admission {
-            body.admit(permit);
+            response
         }
-        response
     }
 }

@@ -131,134 +131,203 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// `deadline` bounds the connect phase here; the wait for response headers is bounded
 /// by the caller (one timer per request, `Proxy::watched`), who learns from `sent`
 /// whether the request had begun to be written when the deadline passed.
-pub(crate) async fn attempt(
-    pool: &Arc<ConnPool>,
+///
+/// An async block rather than an `async fn`, whose arguments rustc stores twice in its
+/// state (as arguments and as locals): the state moves with every move of the request's
+/// future. For the same reason the rarer awaits (a new connection, hyper's client for
+/// requests with bodies) are boxed, so that the state is as large as the common path
+/// needs.
+pub(crate) fn attempt<'a>(
+    pool: &'a Arc<ConnPool>,
     addr: SocketAddr,
     mut req: Request<RequestBody>,
     deadline: Instant,
     connect_timeout: Duration,
-    replay: Option<&Replay>,
-    sent: &AtomicBool,
-) -> Attempt {
-    let resendable = req.body().is_end_stream() && is_idempotent(req.method());
-    let native = matches!(req.body(), RequestBody::Empty);
-    let mut stale = 0;
-    loop {
-        let pooled = if stale < MAX_STALE {
-            pool.take(addr, Instant::now())
-        } else {
-            None
-        };
-        let fresh = pooled.is_none();
-        let held = match pooled {
-            Some(held) => held,
-            None => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Attempt::TimedOut { sent: false };
-                }
-                let timeout = connect_timeout.min(left);
-                let connected = if native {
-                    pool.connect_socket(addr, timeout).await.map(Held::Parked)
-                } else {
-                    pool.connect(addr, timeout).await.map(Held::Ready)
-                };
-                match connected {
-                    Ok(held) => held,
-                    Err(ConnectError::Timeout(_)) if left < connect_timeout => {
-                        return Attempt::TimedOut { sent: false }
+    replay: Option<&'a Replay>,
+    sent: &'a AtomicBool,
+) -> impl std::future::Future<Output = Attempt> + 'a {
+    async move {
+        let resendable = req.body().is_end_stream() && is_idempotent(req.method());
+        let native = matches!(req.body(), RequestBody::Empty);
+        let mut stale = 0;
+        loop {
+            let pooled = if stale < MAX_STALE {
+                pool.take(addr, Instant::now())
+            } else {
+                None
+            };
+            let fresh = pooled.is_none();
+            let held = match pooled {
+                Some(held) => held,
+                None => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Attempt::TimedOut { sent: false };
                     }
-                    Err(error) => return Attempt::NotSent(req, error),
-                }
-            }
-        };
-        let mut sender = match held {
-            Held::Parked(socket) if native => {
-                sent.store(true, Ordering::Relaxed);
-                match h1::exchange(socket, &req, pool.max_response_headers()).await {
-                    Ok(response) => {
-                        // The request's head is written: its map can serve another.
-                        crate::headers::spare_maps::give_back(std::mem::take(req.headers_mut()));
-                        return match first_frame(response.map(Rest::Native), deadline).await {
-                            Ok((response, at)) => Attempt::Response(response, None, at),
-                            Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
-                        };
-                    }
-                    Err(error) if error.nothing_sent() && fresh => {
-                        sent.store(false, Ordering::Relaxed);
-                        return Attempt::NotSent(req, ConnectError::Closed(error.into()));
-                    }
-                    // A stale keep-alive connection: same pod, another connection.
-                    Err(error) if error.nothing_sent() => {
-                        sent.store(false, Ordering::Relaxed);
-                        stale += 1;
-                    }
-                    Err(error) if !fresh && resendable && error.died_before_response() => {
-                        debug!(%addr, %error, "pooled connection died before a response; sending again on a fresh one");
-                        stale = MAX_STALE;
-                    }
-                    Err(error) => {
-                        let kind = if error.is_protocol() {
-                            ErrorKind::Protocol
-                        } else {
-                            ErrorKind::Reset
-                        };
-                        return Attempt::Failed(kind, error.into());
+                    let timeout = connect_timeout.min(left);
+                    let connected = if native {
+                        Box::pin(pool.connect_socket(addr, timeout))
+                            .await
+                            .map(Held::Parked)
+                    } else {
+                        Box::pin(pool.connect(addr, timeout)).await.map(Held::Ready)
+                    };
+                    match connected {
+                        Ok(held) => held,
+                        Err(ConnectError::Timeout(_)) if left < connect_timeout => {
+                            return Attempt::TimedOut { sent: false }
+                        }
+                        Err(error) => return Attempt::NotSent(req, error),
                     }
                 }
-                continue;
-            }
-            Held::Parked(socket) => match pool.drive(addr, socket).await {
-                Ok(sender) => sender,
-                // The handshake writes nothing; it fails only if the runtime is shutting
-                // down. Try another connection.
-                Err(_) => {
-                    stale += 1;
+            };
+            let sender = match held {
+                Held::Parked(socket) if native => {
+                    sent.store(true, Ordering::Relaxed);
+                    match h1::exchange(socket, &req, pool.max_response_headers()).await {
+                        Ok(response) => {
+                            // The request's head is written: its map can serve another.
+                            crate::headers::spare_maps::give_back(std::mem::take(
+                                req.headers_mut(),
+                            ));
+                            return match first_frame(response.map(Rest::Native), deadline).await {
+                                Ok((response, at)) => Attempt::Response(response, None, at),
+                                Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+                            };
+                        }
+                        Err(error) if error.nothing_sent() && fresh => {
+                            sent.store(false, Ordering::Relaxed);
+                            return Attempt::NotSent(req, ConnectError::Closed(error.into()));
+                        }
+                        // A stale keep-alive connection: same pod, another connection.
+                        Err(error) if error.nothing_sent() => {
+                            sent.store(false, Ordering::Relaxed);
+                            stale += 1;
+                        }
+                        Err(error) if !fresh && resendable && error.died_before_response() => {
+                            debug!(%addr, %error, "pooled connection died before a response; sending again on a fresh one");
+                            stale = MAX_STALE;
+                        }
+                        Err(error) => {
+                            let kind = if error.is_protocol() {
+                                ErrorKind::Protocol
+                            } else {
+                                ErrorKind::Reset
+                            };
+                            return Attempt::Failed(kind, error.into());
+                        }
+                    }
                     continue;
                 }
-            },
-            Held::Ready(sender) => sender,
-        };
-        let again = match replay {
-            _ if fresh || !resendable => None,
-            Some(shared) => Some(Cow::Borrowed(shared)),
-            None => Some(Cow::Owned(Replay::of(&req))),
-        };
-        sent.store(true, Ordering::Relaxed);
-        match sender.try_send_request(req).await {
-            Ok(response) => {
-                return match first_frame(response.map(Rest::Hyper), deadline).await {
-                    Ok((response, at)) => Attempt::Response(response, Some(sender), at),
-                    Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
-                }
-            }
-            Err(mut error) => match error.take_message() {
-                Some(back) if fresh => {
-                    sent.store(false, Ordering::Relaxed);
-                    return Attempt::NotSent(back, ConnectError::Closed(error.into_error().into()));
-                }
-                Some(back) => {
-                    // A stale keep-alive connection: same pod, fresh connection.
-                    sent.store(false, Ordering::Relaxed);
+                Held::Parked(socket) => match Box::pin(pool.drive(addr, socket)).await {
+                    Ok(sender) => sender,
+                    // The handshake writes nothing; it fails only if the runtime is shutting
+                    // down. Try another connection.
+                    Err(_) => {
+                        stale += 1;
+                        continue;
+                    }
+                },
+                Held::Ready(sender) => sender,
+            };
+            let sending = by_hyper(
+                sender,
+                req,
+                addr,
+                Resend {
+                    fresh,
+                    resendable,
+                    replay,
+                },
+                sent,
+                deadline,
+            );
+            match Box::pin(sending).await {
+                ByHyper::Done(attempt) => return attempt,
+                ByHyper::Stale(back) => {
                     req = back;
                     stale += 1;
                 }
-                None => {
-                    let error = error.into_error();
-                    if client_body_failed(&error) {
-                        return Attempt::ClientBodyFailed(error);
-                    }
-                    match again {
-                        Some(replay) if died_before_response(&error) => {
-                            debug!(%addr, error = describe(&error), "pooled connection died before a response; sending again on a fresh one");
-                            req = replay.request();
-                            stale = MAX_STALE;
-                        }
-                        _ => return Attempt::Failed(error_kind(&error), error.into()),
-                    }
+                ByHyper::Again(back) => {
+                    req = back;
+                    stale = MAX_STALE;
                 }
-            },
+            }
         }
+    }
+}
+
+/// What became of a request sent through hyper's client (see [`by_hyper`]).
+enum ByHyper {
+    Done(Attempt),
+    /// A stale keep-alive connection refused it unsent: try another connection.
+    Stale(Request<RequestBody>),
+    /// The pooled connection died before a response: send it again on a fresh one.
+    Again(Request<RequestBody>),
+}
+
+/// Whether and from what a request may be sent again when a pooled connection dies
+/// under it.
+struct Resend<'a> {
+    /// The connection is new (a new one failing is the pod's failure).
+    fresh: bool,
+    /// The request may be sent twice (idempotent, no body left to read).
+    resendable: bool,
+    /// The request's head, kept by the caller for retries; made here when needed.
+    replay: Option<&'a Replay>,
+}
+
+/// Send `req` through hyper's client connection `sender` (requests with bodies, and
+/// connections hyper already drives): [`attempt`]'s rarer path, in a future of its own
+/// that `attempt` boxes.
+async fn by_hyper(
+    mut sender: Sender,
+    req: Request<RequestBody>,
+    addr: SocketAddr,
+    resend: Resend<'_>,
+    sent: &AtomicBool,
+    deadline: Instant,
+) -> ByHyper {
+    let again = match resend.replay {
+        _ if resend.fresh || !resend.resendable => None,
+        Some(shared) => Some(Cow::Borrowed(shared)),
+        None => Some(Cow::Owned(Replay::of(&req))),
+    };
+    sent.store(true, Ordering::Relaxed);
+    match sender.try_send_request(req).await {
+        Ok(response) => ByHyper::Done(
+            match first_frame(response.map(Rest::Hyper), deadline).await {
+                Ok((response, at)) => Attempt::Response(response, Some(sender), at),
+                Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+            },
+        ),
+        Err(mut error) => match error.take_message() {
+            Some(back) if resend.fresh => {
+                sent.store(false, Ordering::Relaxed);
+                ByHyper::Done(Attempt::NotSent(
+                    back,
+                    ConnectError::Closed(error.into_error().into()),
+                ))
+            }
+            Some(back) => {
+                // A stale keep-alive connection: same pod, fresh connection.
+                sent.store(false, Ordering::Relaxed);
+                ByHyper::Stale(back)
+            }
+            None => {
+                let error = error.into_error();
+                if client_body_failed(&error) {
+                    return ByHyper::Done(Attempt::ClientBodyFailed(error));
+                }
+                match again {
+                    Some(replay) if died_before_response(&error) => {
+                        debug!(%addr, error = describe(&error), "pooled connection died before a response; sending again on a fresh one");
+                        ByHyper::Again(replay.request())
+                    }
+                    _ => ByHyper::Done(Attempt::Failed(error_kind(&error), error.into())),
+                }
+            }
+        },
     }
 }
 
@@ -269,45 +338,49 @@ pub(crate) async fn attempt(
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
 /// a length the body does not have. Invalid lengths and codings the client could not be
 /// told of are errors (`h1::check_length_fields`).
-async fn first_frame(
+fn first_frame(
     response: Response<Rest>,
     deadline: Instant,
-) -> Result<(Response<UpstreamBody>, Instant), UpstreamError> {
-    // The measurement ends here, not after the wait below.
-    let headers_at = Instant::now();
-    let (mut parts, mut rest) = response.into_parts();
-    if let Rest::Hyper(body) = &rest {
-        // The native exchange checked these while framing the body.
-        h1::check_length_fields(&mut parts.headers, !body.is_end_stream())?;
-    }
-    let mut first = None;
-    if !rest.is_end_stream() {
-        // Usually the first frame came in the same read as the headers: take it without
-        // arming a timer.
-        let ready = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::pin::Pin::new(&mut rest).poll_frame(cx))
-        })
-        .await;
-        let frame = match ready {
-            std::task::Poll::Ready(frame) => frame,
-            std::task::Poll::Pending => {
-                let wait = FIRST_FRAME_WAIT.min(deadline.saturating_duration_since(Instant::now()));
-                tokio::time::timeout(wait, rest.frame())
-                    .await
-                    .ok()
-                    .flatten()
-            }
-        };
-        match frame {
-            Some(Ok(frame)) => first = Some(frame),
-            Some(Err(error)) => return Err(error),
-            None => {}
+) -> impl std::future::Future<Output = Result<(Response<UpstreamBody>, Instant), UpstreamError>> {
+    // An async block for the reason `attempt` gives.
+    async move {
+        // The measurement ends here, not after the wait below.
+        let headers_at = Instant::now();
+        let (mut parts, mut rest) = response.into_parts();
+        if let Rest::Hyper(body) = &rest {
+            // The native exchange checked these while framing the body.
+            h1::check_length_fields(&mut parts.headers, !body.is_end_stream())?;
         }
+        let mut first = None;
+        if !rest.is_end_stream() {
+            // Usually the first frame came in the same read as the headers: take it without
+            // arming a timer.
+            let ready = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::pin::Pin::new(&mut rest).poll_frame(cx))
+            })
+            .await;
+            let frame = match ready {
+                std::task::Poll::Ready(frame) => frame,
+                std::task::Poll::Pending => {
+                    let wait =
+                        FIRST_FRAME_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::time::timeout(wait, rest.frame())
+                        .await
+                        .ok()
+                        .flatten()
+                }
+            };
+            match frame {
+                Some(Ok(frame)) => first = Some(frame),
+                Some(Err(error)) => return Err(error),
+                None => {}
+            }
+        }
+        Ok((
+            Response::from_parts(parts, UpstreamBody::new(first, rest)),
+            headers_at,
+        ))
     }
-    Ok((
-        Response::from_parts(parts, UpstreamBody::new(first, rest)),
-        headers_at,
-    ))
 }
 
 /// Whether a pooled connection failed the way an idle close racing with reuse does:
@@ -407,39 +480,37 @@ impl Replay {
 /// Turn the client's request into the request for the pod: hop-by-hop headers out,
 /// forwarding headers in, origin-form URI, HTTP/1.1, `Host` kept (or taken from the
 /// HTTP/2 `:authority`).
-fn prepare(req: Request<RequestBody>, client_ip: &HeaderValue) -> Request<RequestBody> {
-    let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    add_forwarded(&mut parts.headers, client_ip);
-    if let Some(authority) = parts.uri.authority() {
-        if !parts.headers.contains_key(HOST) {
+fn prepare(req: &mut Request<RequestBody>, client_ip: &HeaderValue) {
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    add_forwarded(headers, client_ip);
+    if let Some(authority) = req.uri().authority() {
+        if !req.headers().contains_key(HOST) {
             if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                parts.headers.insert(HOST, host);
+                req.headers_mut().insert(HOST, host);
             }
         }
     }
-    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
-        parts.uri = match parts.uri.path_and_query() {
+    let uri = req.uri();
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        *req.uri_mut() = match uri.path_and_query() {
             Some(pq) => Uri::from(pq.clone()),
             None => Uri::from_static("/"),
         };
     }
-    parts.version = Version::HTTP_11;
-    parts.extensions.clear();
-    let body = match body {
-        RequestBody::Client(body) if !body.is_end_stream() => {
+    *req.version_mut() = Version::HTTP_11;
+    req.extensions_mut().clear();
+    if let RequestBody::Client(body) = req.body() {
+        if body.is_end_stream() {
+            *req.body_mut() = RequestBody::Empty;
+        } else if body.size_hint().exact().is_none() && !req.headers().contains_key(CONTENT_LENGTH)
+        {
             // A body of unknown length goes chunked. Say so explicitly: hyper's client
             // would otherwise send a GET or HEAD body as no body at all.
-            if body.size_hint().exact().is_none() && !parts.headers.contains_key(CONTENT_LENGTH) {
-                parts
-                    .headers
-                    .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-            }
-            RequestBody::Client(body)
+            req.headers_mut()
+                .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         }
-        _ => RequestBody::Empty,
-    };
-    Request::from_parts(parts, body)
+    }
 }
 
 /// What [`Proxy::watched`] watches an attempt by.
@@ -662,261 +733,268 @@ impl Proxy {
     }
 
     /// Forward one client request (see the module docs).
-    pub(crate) async fn forward(
+    ///
+    /// An async block, as [`attempt`] is, so that its arguments are stored once.
+    pub(crate) fn forward(
         self: Arc<Self>,
-        req: Request<RequestBody>,
+        mut req: Request<RequestBody>,
         target: Result<Target, BadTarget>,
         client_ip: HeaderValue,
-    ) -> Response<ResponseBody> {
-        let start = Instant::now();
-        let size = header_bytes(req.headers());
-        if size > self.config.max_header_bytes {
-            let detail = format!(
-                "the request headers take {size} bytes; the limit is {}",
-                self.config.max_header_bytes
-            );
-            return self.refuse(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request headers too large",
-                "",
-                &detail,
-            );
-        }
-        let target = match target {
-            Ok(target) => target,
-            Err(bad) => {
-                let detail = match bad.error {
-                    TargetError::Missing => format!(
-                        "name the service in the `{}` header (name[.namespace][:port]) or in Host",
-                        self.config.service_header
-                    ),
-                    TargetError::Invalid(why) => format!("{why}: {:?}", bad.named),
-                };
+    ) -> impl std::future::Future<Output = Response<ResponseBody>> {
+        async move {
+            let start = Instant::now();
+            let size = header_bytes(req.headers());
+            if size > self.config.max_header_bytes {
+                let detail = format!(
+                    "the request headers take {size} bytes; the limit is {}",
+                    self.config.max_header_bytes
+                );
                 return self.refuse(
-                    StatusCode::BAD_REQUEST,
-                    "no service named",
-                    &bad.named,
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "request headers too large",
+                    "",
                     &detail,
                 );
             }
-        };
-        if req.method() == Method::CONNECT {
-            return self.refuse(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed",
-                &target.key.to_string(),
-                "CONNECT tunnels are not supported",
-            );
-        }
-        let port = split_port(target.raw.to_str().unwrap_or_default(), target.source)
-            .ok()
-            .and_then(|(_, port)| port);
-        let key = &*target.key;
-        let client_version = req.version();
-        let mut req = prepare(req, &client_ip);
-        let replayable = req.body().is_end_stream() && is_idempotent(req.method());
-
-        let mut replay: Option<Replay> = None;
-        let mut tried: Vec<EndpointId> = Vec::new();
-        let mut deadline: Option<Instant> = None;
-        let mut service: Option<Arc<ServiceMetrics>> = None;
-        let mut failure: Option<Failure> = None;
-        let mut retries_done: u32 = 0;
-        loop {
-            let attempt_start = Instant::now();
-            let picked = match self.pick(key, port, attempt_start, &tried) {
-                Ok(picked) => picked,
-                Err(error) => {
-                    if let (Some(service), Some(failure)) = (&service, failure) {
-                        // Nowhere left to retry: answer with the last failure.
-                        return self.give_up(service, failure, start);
-                    }
-                    return self.no_endpoint(key, error, start);
+            let target = match target {
+                Ok(target) => target,
+                Err(bad) => {
+                    let detail = match bad.error {
+                        TargetError::Missing => format!(
+                        "name the service in the `{}` header (name[.namespace][:port]) or in Host",
+                        self.config.service_header
+                    ),
+                        TargetError::Invalid(why) => format!("{why}: {:?}", bad.named),
+                    };
+                    return self.refuse(
+                        StatusCode::BAD_REQUEST,
+                        "no service named",
+                        &bad.named,
+                        &detail,
+                    );
                 }
             };
-            if service.is_none() {
-                picked.route().retry_budget().record_request(attempt_start);
-                self.probe_shapes
-                    .remember(picked.route(), &req, attempt_start);
+            if req.method() == Method::CONNECT {
+                return self.refuse(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method not allowed",
+                    &target.key.to_string(),
+                    "CONNECT tunnels are not supported",
+                );
             }
-            let service = service
-                .get_or_insert_with(|| self.metrics.service(picked.route().key()))
-                .clone();
-            let settings = picked.route().settings();
-            let (timeout, connect_timeout, retries, slo) = (
-                settings.timeout,
-                settings.connect_timeout,
-                settings.retries,
-                settings.latency_slo,
-            );
-            let deadline = *deadline.get_or_insert(start + timeout);
-            if replayable && replay.is_none() && retries > 0 && picked.route().eligible().len() > 1
-            {
-                replay = Some(Replay::of(&req));
-            }
-            service.pick(picked.reason);
-            let endpoint = service.endpoint(&picked.endpoint().id);
-            let addr = picked.addr;
+            let port = split_port(target.raw.to_str().unwrap_or_default(), target.source)
+                .ok()
+                .and_then(|(_, port)| port);
+            let key = &*target.key;
+            let client_version = req.version();
+            prepare(&mut req, &client_ip);
+            let replayable = req.body().is_end_stream() && is_idempotent(req.method());
 
-            crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
-            let stall_start = self.stall_total(attempt_start);
-            // Pinned here and watched by reference: a future taken by value would be
-            // stored twice in `watched`'s state (argument and pinned local), and each
-            // copy of this one is moved with every move of the request's future.
-            let written = AtomicBool::new(false);
-            let sent = attempt(
-                &self.pool,
-                addr,
-                req,
-                deadline,
-                connect_timeout,
-                replay.as_ref(),
-                &written,
-            );
-            tokio::pin!(sent);
-            let failed = match self
-                .watched(
-                    &picked,
-                    &service,
-                    Watch {
-                        stall_start,
-                        slo,
-                        deadline,
-                        sent: &written,
-                    },
-                    sent,
-                )
-                .await
-            {
-                Attempt::Response(response, sender, now) => {
-                    let latency = now.saturating_duration_since(attempt_start);
-                    let status = response.status().as_u16();
-                    let failure = picked.route().settings().failure_status.contains(status);
-                    let outcome = Outcome::Answered { latency, status };
-                    self.record(&picked, &service, now, outcome, stall_start);
-                    endpoint.upstream_duration(latency);
-                    let (mut parts, body) = response.into_parts();
-                    endpoint.response(parts.status);
-                    let elapsed = now.saturating_duration_since(start);
-                    service.request_duration(elapsed);
-                    // A failure status misses the SLO however fast it came.
-                    service.slo(elapsed <= slo && !failure);
-                    debug!(
-                        service = service.label(),
-                        endpoint = %picked.endpoint().id,
-                        status = parts.status.as_u16(),
-                        latency_us = latency.as_micros() as u64,
-                        "forwarded"
-                    );
-                    strip_hop_by_hop(&mut parts.headers);
-                    parts.version = client_version;
-                    let finish = Finish {
-                        connection: self.pool.lease(picked.addr, sender),
-                        picked,
-                        metrics: endpoint,
-                    };
-                    return Response::from_parts(parts, ResponseBody::upstream(body, finish));
-                }
-                Attempt::NotSent(back, error) => {
-                    let now = Instant::now();
-                    self.record(&picked, &service, now, Outcome::ConnectFailed, stall_start);
-                    endpoint.error(ErrorKind::Connect);
-                    let error = describe(&error);
-                    warn!(
-                        service = service.label(),
-                        endpoint = %picked.endpoint().id,
-                        %addr,
-                        %error,
-                        "could not reach endpoint"
-                    );
-                    req = back;
-                    Failure {
-                        status: StatusCode::BAD_GATEWAY,
-                        error: "upstream unavailable",
-                        detail: format!("endpoint {} ({addr}): {error}", picked.endpoint().id),
-                        endpoint,
-                    }
-                }
-                Attempt::Failed(kind, error) => {
-                    let now = Instant::now();
-                    self.record(&picked, &service, now, Outcome::Failed, stall_start);
-                    endpoint.error(kind);
-                    warn!(
-                        service = service.label(),
-                        endpoint = %picked.endpoint().id,
-                        %addr,
-                        kind = kind.as_str(),
-                        error = describe(&error),
-                        "endpoint failed the request"
-                    );
-                    let failure = Failure {
-                        status: StatusCode::BAD_GATEWAY,
-                        error: "upstream error",
-                        detail: format!(
-                            "endpoint {} ({addr}) failed after the request was sent: {}",
-                            picked.endpoint().id,
-                            describe(&error)
-                        ),
-                        endpoint,
-                    };
-                    match &replay {
-                        Some(replay) => {
-                            req = replay.request();
-                            failure
+            let mut replay: Option<Replay> = None;
+            let mut tried: Vec<EndpointId> = Vec::new();
+            let mut deadline: Option<Instant> = None;
+            let mut service: Option<Arc<ServiceMetrics>> = None;
+            let mut failure: Option<Failure> = None;
+            let mut retries_done: u32 = 0;
+            loop {
+                let attempt_start = Instant::now();
+                let picked = match self.pick(key, port, attempt_start, &tried) {
+                    Ok(picked) => picked,
+                    Err(error) => {
+                        if let (Some(service), Some(failure)) = (&service, failure) {
+                            // Nowhere left to retry: answer with the last failure.
+                            return self.give_up(service, failure, start);
                         }
-                        None => return self.give_up(&service, failure, start),
+                        return self.no_endpoint(key, error, start);
                     }
+                };
+                if service.is_none() {
+                    picked.route().retry_budget().record_request(attempt_start);
+                    self.probe_shapes
+                        .remember(picked.route(), &req, attempt_start);
                 }
-                Attempt::TimedOut { sent } => {
-                    if sent {
+                let service = service
+                    .get_or_insert_with(|| self.metrics.service(picked.route().key()))
+                    .clone();
+                let settings = picked.route().settings();
+                let (timeout, connect_timeout, retries, slo) = (
+                    settings.timeout,
+                    settings.connect_timeout,
+                    settings.retries,
+                    settings.latency_slo,
+                );
+                let deadline = *deadline.get_or_insert(start + timeout);
+                if replayable
+                    && replay.is_none()
+                    && retries > 0
+                    && picked.route().eligible().len() > 1
+                {
+                    replay = Some(Replay::of(&req));
+                }
+                service.pick(picked.reason);
+                let endpoint = service.endpoint(&picked.endpoint().id);
+                let addr = picked.addr;
+
+                crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
+                let stall_start = self.stall_total(attempt_start);
+                // Pinned here and watched by reference: a future taken by value would be
+                // stored twice in `watched`'s state (argument and pinned local), and each
+                // copy of this one is moved with every move of the request's future.
+                let written = AtomicBool::new(false);
+                let sent = attempt(
+                    &self.pool,
+                    addr,
+                    req,
+                    deadline,
+                    connect_timeout,
+                    replay.as_ref(),
+                    &written,
+                );
+                tokio::pin!(sent);
+                let failed = match self
+                    .watched(
+                        &picked,
+                        &service,
+                        Watch {
+                            stall_start,
+                            slo,
+                            deadline,
+                            sent: &written,
+                        },
+                        sent,
+                    )
+                    .await
+                {
+                    Attempt::Response(response, sender, now) => {
+                        let latency = now.saturating_duration_since(attempt_start);
+                        let status = response.status().as_u16();
+                        let failure = picked.route().settings().failure_status.contains(status);
+                        let outcome = Outcome::Answered { latency, status };
+                        self.record(&picked, &service, now, outcome, stall_start);
+                        endpoint.upstream_duration(latency);
+                        let (mut parts, body) = response.into_parts();
+                        endpoint.response(parts.status);
+                        let elapsed = now.saturating_duration_since(start);
+                        service.request_duration(elapsed);
+                        // A failure status misses the SLO however fast it came.
+                        service.slo(elapsed <= slo && !failure);
+                        debug!(
+                            service = service.label(),
+                            endpoint = %picked.endpoint().id,
+                            status = parts.status.as_u16(),
+                            latency_us = latency.as_micros() as u64,
+                            "forwarded"
+                        );
+                        strip_hop_by_hop(&mut parts.headers);
+                        parts.version = client_version;
+                        let finish = Finish {
+                            connection: self.pool.lease(picked.addr, sender),
+                            picked,
+                            metrics: endpoint,
+                        };
+                        return Response::from_parts(parts, ResponseBody::upstream(body, finish));
+                    }
+                    Attempt::NotSent(back, error) => {
+                        let now = Instant::now();
+                        self.record(&picked, &service, now, Outcome::ConnectFailed, stall_start);
+                        endpoint.error(ErrorKind::Connect);
+                        let error = describe(&error);
+                        warn!(
+                            service = service.label(),
+                            endpoint = %picked.endpoint().id,
+                            %addr,
+                            %error,
+                            "could not reach endpoint"
+                        );
+                        req = back;
+                        Failure {
+                            status: StatusCode::BAD_GATEWAY,
+                            error: "upstream unavailable",
+                            detail: format!("endpoint {} ({addr}): {error}", picked.endpoint().id),
+                            endpoint,
+                        }
+                    }
+                    Attempt::Failed(kind, error) => {
                         let now = Instant::now();
                         self.record(&picked, &service, now, Outcome::Failed, stall_start);
+                        endpoint.error(kind);
+                        warn!(
+                            service = service.label(),
+                            endpoint = %picked.endpoint().id,
+                            %addr,
+                            kind = kind.as_str(),
+                            error = describe(&error),
+                            "endpoint failed the request"
+                        );
+                        let failure = Failure {
+                            status: StatusCode::BAD_GATEWAY,
+                            error: "upstream error",
+                            detail: format!(
+                                "endpoint {} ({addr}) failed after the request was sent: {}",
+                                picked.endpoint().id,
+                                describe(&error)
+                            ),
+                            endpoint,
+                        };
+                        match &replay {
+                            Some(replay) => {
+                                req = replay.request();
+                                failure
+                            }
+                            None => return self.give_up(&service, failure, start),
+                        }
                     }
-                    endpoint.error(ErrorKind::Timeout);
-                    warn!(
+                    Attempt::TimedOut { sent } => {
+                        if sent {
+                            let now = Instant::now();
+                            self.record(&picked, &service, now, Outcome::Failed, stall_start);
+                        }
+                        endpoint.error(ErrorKind::Timeout);
+                        warn!(
+                            service = service.label(),
+                            endpoint = %picked.endpoint().id,
+                            %addr,
+                            ?timeout,
+                            "no response headers before the request timeout"
+                        );
+                        let failure = Failure {
+                            status: StatusCode::GATEWAY_TIMEOUT,
+                            error: "upstream timeout",
+                            detail: format!(
+                                "no response headers within {timeout:?} (last endpoint tried: {})",
+                                picked.endpoint().id
+                            ),
+                            endpoint,
+                        };
+                        return self.give_up(&service, failure, start);
+                    }
+                    Attempt::ClientBodyFailed(error) => {
+                        debug!(service = service.label(), %error, "client request body failed");
+                        service.answered(StatusCode::BAD_REQUEST);
+                        return reply::error(
+                            StatusCode::BAD_REQUEST,
+                            "request body failed",
+                            service.label(),
+                            &describe(&error),
+                        );
+                    }
+                };
+                if retries_done >= retries {
+                    return self.give_up(&service, failed, start);
+                }
+                if !picked.route().retry_budget().try_retry(Instant::now()) {
+                    service.retry_refused();
+                    debug!(
                         service = service.label(),
-                        endpoint = %picked.endpoint().id,
-                        %addr,
-                        ?timeout,
-                        "no response headers before the request timeout"
+                        "retry budget spent: not retrying"
                     );
-                    let failure = Failure {
-                        status: StatusCode::GATEWAY_TIMEOUT,
-                        error: "upstream timeout",
-                        detail: format!(
-                            "no response headers within {timeout:?} (last endpoint tried: {})",
-                            picked.endpoint().id
-                        ),
-                        endpoint,
-                    };
-                    return self.give_up(&service, failure, start);
+                    return self.give_up(&service, failed, start);
                 }
-                Attempt::ClientBodyFailed(error) => {
-                    debug!(service = service.label(), %error, "client request body failed");
-                    service.answered(StatusCode::BAD_REQUEST);
-                    return reply::error(
-                        StatusCode::BAD_REQUEST,
-                        "request body failed",
-                        service.label(),
-                        &describe(&error),
-                    );
-                }
-            };
-            if retries_done >= retries {
-                return self.give_up(&service, failed, start);
+                retries_done += 1;
+                service.retry();
+                tried.push(picked.endpoint().id.clone());
+                failure = Some(failed);
             }
-            if !picked.route().retry_budget().try_retry(Instant::now()) {
-                service.retry_refused();
-                debug!(
-                    service = service.label(),
-                    "retry budget spent: not retrying"
-                );
-                return self.give_up(&service, failed, start);
-            }
-            retries_done += 1;
-            service.retry();
-            tried.push(picked.endpoint().id.clone());
-            failure = Some(failed);
         }
     }
 
