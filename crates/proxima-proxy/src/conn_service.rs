@@ -247,6 +247,8 @@ impl Admitted {
     ///
     /// An async block that takes `self`'s fields where they lie (an `async fn` would
     /// store `self` twice in its state, which moves with the request's future).
+    // Not an `async fn`: see above.
+    #[allow(clippy::manual_async_fn)]
     pub(crate) fn answer(self) -> impl Future<Output = http::Response<crate::ResponseBody>> {
         async move {
             let mut response = match self.work {

@@ -137,6 +137,8 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// future. For the same reason the rarer awaits (a new connection, hyper's client for
 /// requests with bodies) are boxed, so that the state is as large as the common path
 /// needs.
+// Not an `async fn`: see above.
+#[allow(clippy::manual_async_fn)]
 pub(crate) fn attempt<'a>(
     pool: &'a Arc<ConnPool>,
     addr: SocketAddr,
@@ -338,6 +340,8 @@ async fn by_hyper(
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
 /// a length the body does not have. Invalid lengths and codings the client could not be
 /// told of are errors (`h1::check_length_fields`).
+// Not an `async fn`: see above.
+#[allow(clippy::manual_async_fn)]
 fn first_frame(
     response: Response<Rest>,
     deadline: Instant,
@@ -735,6 +739,8 @@ impl Proxy {
     /// Forward one client request (see the module docs).
     ///
     /// An async block, as [`attempt`] is, so that its arguments are stored once.
+    // Not an `async fn`: see above.
+    #[allow(clippy::manual_async_fn)]
     pub(crate) fn forward(
         self: Arc<Self>,
         mut req: Request<RequestBody>,
