@@ -1405,6 +1405,109 @@ async fn obs_text_and_empty_header_values_pass_through_unchanged() {
     }
 }
 
+/// The head a pod sends with its fields: repeated, mixed in case, with its own
+/// connection fields between them.
+const FIELDS_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nServer: pod\r\nX-Multi: a\r\nConnection: keep-alive\r\n\
+    Keep-Alive: timeout=5\r\nx-multi: b\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+    Content-Length: 2\r\n\r\n";
+
+/// A pod's fields reach every kind of client alike: in their order, repeated ones
+/// kept, its connection fields dropped, its date kept: on the proxy's own HTTP/1.1
+/// loop, over HTTP/2 and on an HTTP/1.1 connection hyper took over (both hyper's
+/// servers), each time read by the proxy's own exchange with the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_fields_reach_http1_and_http2_clients_alike() {
+    let dir = TempDir::new("framing-fields");
+    let pod = pod(|head| {
+        let mut bytes = FIELDS_HEAD.to_vec();
+        if head.method() != "HEAD" {
+            bytes.extend_from_slice(b"ok");
+        }
+        let script = Script::send(bytes);
+        // The POST's connection, which hyper's client drives from then on, is not
+        // used again: the next GET goes by the proxy's own exchange.
+        if head.method() == "POST" {
+            script.then_close()
+        } else {
+            script
+        }
+    })
+    .await;
+    let proxima = proxy(&dir, &[("api", &pod)], &[]).await;
+    let lines = |answer: &Answer| -> Vec<String> {
+        String::from_utf8_lossy(&answer.head)
+            .split("\r\n")
+            .skip(1)
+            .map(str::to_ascii_lowercase)
+            .collect()
+    };
+    let expected = [
+        "server: pod",
+        "x-multi: a",
+        "x-multi: b",
+        "date: sun, 06 nov 1994 08:49:37 gmt",
+        "content-length: 2",
+    ];
+
+    let mut conn = Conn::open(proxima.proxy).await;
+    let native = conn.request("GET", "api", "/native").await;
+    assert_eq!(lines(&native), expected, "{}", native.describe());
+    assert_eq!(native.body, b"ok");
+    pooled(&proxima, "the native GET").await;
+
+    let stream = TcpStream::connect(proxima.proxy).await.unwrap();
+    let (mut sender, h2) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(h2);
+    let req = http::Request::get("http://api/h2")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(req).await.expect("h2 answer");
+    assert_eq!(response.status(), 200);
+    let headers = response.headers();
+    let multi: Vec<_> = headers.get_all("x-multi").iter().collect();
+    assert_eq!(multi, ["a", "b"], "{headers:?}");
+    assert_eq!(headers["server"], "pod");
+    assert_eq!(headers["date"], "Sun, 06 Nov 1994 08:49:37 GMT");
+    assert!(!headers.contains_key("keep-alive") && !headers.contains_key("connection"));
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"ok");
+
+    // A request with a body hands the connection to hyper; the next GET is hyper's.
+    conn.send_with_body("api", "/body").await;
+    let posted = conn.answer("POST").await.expect("an answer to the POST");
+    assert_eq!(posted.status, 200, "{}", posted.describe());
+    settle().await;
+    let taken_over = conn.request("GET", "api", "/hyper").await;
+    let taken_over_lines = lines(&taken_over);
+    for line in expected {
+        assert!(
+            taken_over_lines.iter().any(|l| l == line),
+            "{line}: {}",
+            taken_over.describe()
+        );
+    }
+    let multi: Vec<_> = taken_over_lines
+        .iter()
+        .filter(|l| l.starts_with("x-multi:"))
+        .collect();
+    assert_eq!(multi, ["x-multi: a", "x-multi: b"]);
+    assert!(
+        !taken_over_lines.iter().any(|l| l.starts_with("keep-alive")),
+        "{}",
+        taken_over.describe()
+    );
+    assert_eq!(taken_over.body, b"ok");
+}
+
 /// A header value folded over two lines (obs-fold): RFC 9112 §5.2 lets a proxy either
 /// refuse the answer (502) or join the lines with spaces; nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,22 @@ impl ResponseBody {
         self.in_flight = Some(in_flight);
     }
 
+    /// The response head's fields, if they came raw from the proxy's own exchange with
+    /// the pod (`h1::RawFields`): taken, so that nothing else writes them.
+    pub(crate) fn take_raw_fields(&mut self) -> Option<Box<crate::h1::RawFields>> {
+        match &mut self.kind {
+            Kind::Upstream {
+                body:
+                    UpstreamBody {
+                        rest: Rest::Native(native),
+                        ..
+                    },
+                ..
+            } => native.raw.take(),
+            _ => None,
+        }
+    }
+
     /// Hold the request's place under the concurrency limit until the body is done, so
     /// that a response still streaming counts as in flight.
     pub(crate) fn admit(&mut self, permit: OwnedSemaphorePermit) {

@@ -327,11 +327,15 @@ struct Head {
     keep_alive: bool,
     /// What came after the head in the same reads: the start of the body.
     rest: Bytes,
+    /// The fields as the pod sent them, when they can be passed on as they are; the
+    /// map in `parts` is then empty (see [`RawFields`]).
+    raw: Option<Box<RawFields>>,
 }
 
 impl Head {
     fn into_response(self, stream: TcpStream, drained: bool) -> Response<NativeBody> {
-        let body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest, drained);
+        let mut body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest, drained);
+        body.raw = self.raw;
         Response::from_parts(self.parts, body)
     }
 }
@@ -462,9 +466,48 @@ fn build_head(
             }
         }
     }
+    if let Some(raw) = RawFields::of(bytes, response) {
+        let fields = FramingFields {
+            transfer_encoding: false,
+            content_length: raw
+                .length
+                .map_or(ContentLength::Absent, ContentLength::Single),
+            connection: raw.connection,
+        };
+        // Neither a coding nor a length to check: the (empty) map is not looked at.
+        let (framing, delimited) = framing(&parts, &mut HeaderMap::new(), &fields, head_request)?;
+        return Ok(Head {
+            keep_alive: delimited && fields.connection.persistent(parts.version),
+            parts,
+            framing,
+            rest: Bytes::new(),
+            raw: Some(Box::new(raw)),
+        });
+    }
+    let mut fields = FramingFields::default();
+    let mut headers = field_map(bytes, response, &mut fields)?;
+    let (framing, delimited) = framing(&parts, &mut headers, &fields, head_request)?;
+    parts.headers = headers;
+    let keep_alive = delimited && fields.connection.persistent(parts.version);
+    Ok(Head {
+        parts,
+        framing,
+        keep_alive,
+        rest: Bytes::new(),
+        raw: None,
+    })
+}
+
+/// The header map of a head's `response` fields (values sharing `bytes`), noting in
+/// `fields` what framing and persistence need. `Connection` (unless it lists other
+/// headers), `Keep-Alive` and `Proxy-Connection` stay out of it.
+fn field_map(
+    bytes: &Bytes,
+    response: &httparse::Response<'_, '_>,
+    fields: &mut FramingFields,
+) -> Result<HeaderMap, H1Error> {
     let mut headers = spare_maps::take(response.headers.len())
         .map_err(|_| H1Error::TooManyHeaders(response.headers.len()))?;
-    let mut fields = FramingFields::default();
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| H1Error::Header(field.name.to_string()))?;
@@ -492,15 +535,7 @@ fn build_head(
             .map_err(|_| H1Error::Header(field.name.to_string()))?;
         headers.append(name, value);
     }
-    let (framing, delimited) = framing(&parts, &mut headers, &fields, head_request)?;
-    let keep_alive = delimited && fields.connection.persistent(parts.version);
-    parts.headers = headers;
-    Ok(Head {
-        parts,
-        framing,
-        keep_alive,
-        rest: Bytes::new(),
-    })
+    Ok(headers)
 }
 
 /// Which of the fields that decide a response's framing it has (noted while parsing).
@@ -520,6 +555,196 @@ enum ContentLength {
     Single(u64),
     /// Several fields, a list or an invalid value: [`content_length`] decides.
     Check,
+}
+
+/// Runs of field lines a [`RawFields`] holds at most; a head whose kept lines are split
+/// into more (many dropped fields between them) is mapped instead.
+const MAX_RAW_RUNS: usize = 4;
+/// Fields a [`RawFields`] holds at most: any header map can take them.
+const MAX_RAW_FIELDS: usize = 256;
+
+/// A response head's fields kept as the pod sent them, for the proxy's own client loop
+/// (`serve_h1.rs`) to write as they are: nearly every response is passed on with its
+/// fields unchanged, and building a header map from them, searching it for framing,
+/// writing it out and clearing it cost more than the rest of reading and writing the
+/// head. Only the connection's own fields are left out (`Connection`, `Keep-Alive`,
+/// `Proxy-Connection`), as the map would leave them.
+///
+/// A head is kept raw only when nothing in it needs the map's treatment: every line
+/// ends in CRLF; no `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`,
+/// `Proxy-Authenticate` or `Proxy-Authorization` (hop-by-hop fields that the strip
+/// removes); no `Connection` that lists other headers; at most one `Content-Length`,
+/// with one valid value; names a header map would take (httparse takes the value bytes
+/// a `HeaderValue` takes: tab, visible ASCII, obs-text). Any other head is
+/// mapped as before, and so are raw ones that go to hyper's server ([`Self::to_map`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RawFields {
+    /// The head as received, status line to blank line.
+    head: Bytes,
+    /// The field lines to pass on, as byte ranges of `head` (each a run of whole lines).
+    runs: [(u32, u32); MAX_RAW_RUNS],
+    run_count: u8,
+    /// Fields in the head, for parsing it again.
+    fields: u16,
+    /// The pod sent a `Date`.
+    pub(crate) dated: bool,
+    /// The pod's `Content-Length`, if it sent one.
+    pub(crate) length: Option<u64>,
+    /// What its `Connection` fields say.
+    connection: ConnectionOptions,
+}
+
+/// How [`RawFields::of`] treats a field, by its name.
+enum RawName {
+    Pass,
+    Date,
+    ContentLength,
+    Connection,
+    /// `Keep-Alive`, `Proxy-Connection`: left out.
+    Drop,
+    /// A field the map's treatment is needed for.
+    Map,
+}
+
+impl RawName {
+    fn of(name: &str) -> Self {
+        let is = |known: &str| name.eq_ignore_ascii_case(known);
+        match name.len() {
+            2 if is("te") => Self::Map,
+            4 if is("date") => Self::Date,
+            7 if is("trailer") || is("upgrade") => Self::Map,
+            10 if is("connection") => Self::Connection,
+            10 if is("keep-alive") => Self::Drop,
+            14 if is("content-length") => Self::ContentLength,
+            16 if is("proxy-connection") => Self::Drop,
+            17 if is("transfer-encoding") => Self::Map,
+            18 if is("proxy-authenticate") => Self::Map,
+            19 if is("proxy-authorization") => Self::Map,
+            // `HeaderName` takes no longer name.
+            len if len > usize::from(u16::MAX) => Self::Map,
+            _ => Self::Pass,
+        }
+    }
+}
+
+impl RawFields {
+    /// The fields of the final response head `head`, as `response` parsed them, if they
+    /// can be passed on raw (see the type's docs).
+    fn of(head: &Bytes, response: &httparse::Response<'_, '_>) -> Option<Self> {
+        let fields = &*response.headers;
+        if fields.len() > MAX_RAW_FIELDS || !head.ends_with(b"\r\n\r\n") {
+            return None;
+        }
+        let base = head.as_ptr() as usize;
+        let start_of = |field: &httparse::Header<'_>| field.name.as_ptr() as usize - base;
+        // Where the blank line ending the head starts.
+        let end = head.len() - 2;
+        let mut raw = Self {
+            head: head.clone(),
+            runs: [(0, 0); MAX_RAW_RUNS],
+            run_count: 0,
+            fields: u16::try_from(fields.len()).ok()?,
+            dated: false,
+            length: None,
+            connection: ConnectionOptions::default(),
+        };
+        let mut run_from = None;
+        for (i, field) in fields.iter().enumerate() {
+            let start = start_of(field);
+            // A line runs to where the next begins, and must end in CRLF.
+            let line_end = fields.get(i + 1).map_or(end, start_of);
+            if head.get(line_end.checked_sub(2)?..line_end) != Some(b"\r\n") {
+                return None;
+            }
+            let pass = match RawName::of(field.name) {
+                RawName::Pass => true,
+                RawName::Date => {
+                    raw.dated = true;
+                    true
+                }
+                RawName::ContentLength if raw.length.is_none() => {
+                    raw.length = Some(parse_length(field.value.trim_ascii())?);
+                    true
+                }
+                RawName::Connection => {
+                    let options = connection_options(field.value);
+                    if options.names_other_headers {
+                        return None;
+                    }
+                    raw.connection.close |= options.close;
+                    raw.connection.keep_alive |= options.keep_alive;
+                    false
+                }
+                RawName::Drop => false,
+                RawName::ContentLength | RawName::Map => return None,
+            };
+            match (pass, run_from) {
+                (true, None) => run_from = Some(start),
+                (false, Some(from)) => {
+                    raw.push_run(from, start)?;
+                    run_from = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(from) = run_from {
+            raw.push_run(from, end)?;
+        }
+        Some(raw)
+    }
+
+    fn push_run(&mut self, from: usize, to: usize) -> Option<()> {
+        let slot = self.runs.get_mut(usize::from(self.run_count))?;
+        *slot = (u32::try_from(from).ok()?, u32::try_from(to).ok()?);
+        self.run_count += 1;
+        Some(())
+    }
+
+    /// The field lines to pass on, each run ending in CRLF.
+    pub(crate) fn lines(&self) -> impl Iterator<Item = &[u8]> {
+        self.runs[..usize::from(self.run_count)]
+            .iter()
+            .map(|&(from, to)| &self.head[from as usize..to as usize])
+    }
+
+    /// Their bytes in all.
+    pub(crate) fn len(&self) -> usize {
+        self.lines().map(<[u8]>::len).sum()
+    }
+
+    /// The same fields in a header map (for hyper's server, which writes a map), as the
+    /// map would have had them from the start.
+    pub(crate) fn to_map(&self) -> Result<HeaderMap, H1Error> {
+        let fields = usize::from(self.fields).max(1);
+        parse_response(&self.head, fields, |response, parsed| match parsed {
+            Ok(httparse::Status::Complete(_)) => {
+                field_map(&self.head, response, &mut FramingFields::default())
+            }
+            Ok(httparse::Status::Partial) => Err(H1Error::IncompleteHead),
+            Err(e) => Err(parse_error(e, fields)),
+        })
+    }
+}
+
+/// The fields of the response head `head` if they would be kept raw (tests).
+#[cfg(test)]
+pub(crate) fn raw_fields_of(head: &[u8]) -> Option<RawFields> {
+    let head = Bytes::copy_from_slice(head);
+    parse_response(&head, 64, |response, parsed| {
+        assert!(matches!(parsed, Ok(httparse::Status::Complete(_))));
+        RawFields::of(&head, response)
+    })
+}
+
+/// Give `response` the header map of the fields it carries raw, if it does: before it
+/// goes anywhere but the proxy's own client loop.
+pub(crate) fn map_raw_fields(response: &mut Response<crate::ResponseBody>) {
+    if let Some(raw) = response.body_mut().take_raw_fields() {
+        // The head parsed once already and its fields were checked: this cannot fail.
+        if let Ok(map) = raw.to_map() {
+            *response.headers_mut() = map;
+        }
+    }
 }
 
 /// How the body's end is found (RFC 9112 §6.3), and whether it is found without the
@@ -785,6 +1010,8 @@ pub(crate) struct NativeBody {
     complete: bool,
     /// Whether the last read emptied the socket's receive queue (see `poll_fill`).
     drained: bool,
+    /// The head's fields, while they are carried raw (see [`RawFields`]).
+    pub(crate) raw: Option<Box<RawFields>>,
 }
 
 impl NativeBody {
@@ -803,6 +1030,7 @@ impl NativeBody {
             keep_alive,
             complete: false,
             drained,
+            raw: None,
         };
         match body.framing {
             Framing::Length(0) => body.finish(),
@@ -972,7 +1200,17 @@ mod tests {
     use super::*;
 
     fn head(text: &[u8]) -> Result<Option<Head>, H1Error> {
-        parse_head(&mut BytesMut::from(text), 100, false)
+        parse_head(&mut BytesMut::from(text), 100, false).map(|h| h.map(mapped))
+    }
+
+    /// `head` with the fields it carries raw also in its map, as hyper's server gets
+    /// them (`map_raw_fields`).
+    fn mapped(mut head: Head) -> Head {
+        if let Some(raw) = &head.raw {
+            assert!(head.parts.headers.is_empty());
+            head.parts.headers = raw.to_map().expect("raw fields map");
+        }
+        head
     }
 
     /// Decode a whole chunked body fed in pieces of `step` bytes.
@@ -1002,6 +1240,7 @@ mod tests {
             .unwrap();
         assert_eq!(parsed.parts.status, StatusCode::OK);
         assert_eq!(parsed.parts.version, Version::HTTP_11);
+        assert!(parsed.raw.is_some(), "an ordinary head is kept raw");
         let values: Vec<_> = parsed.parts.headers.get_all("x-a").iter().collect();
         assert_eq!(values, ["1", "2"]);
         assert!(matches!(parsed.framing, Framing::Length(5)));
@@ -1074,11 +1313,74 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(parsed.keep_alive);
+        assert!(parsed.raw.is_none(), "mapped, for the strip");
         assert!(parsed.parts.headers.contains_key(CONNECTION));
         crate::headers::strip_hop_by_hop(&mut parsed.parts.headers);
         let mut names: Vec<_> = parsed.parts.headers.keys().map(|n| n.as_str()).collect();
         names.sort_unstable();
         assert_eq!(names, ["content-length", "x-kept"]);
+    }
+
+    #[test]
+    fn only_heads_the_map_would_pass_on_unchanged_are_kept_raw() {
+        let raw = |text: &[u8]| {
+            let parsed = parse_head(&mut BytesMut::from(text), 100, false)
+                .unwrap()
+                .unwrap();
+            parsed.raw.map(|raw| {
+                let lines: Vec<u8> = raw.lines().flatten().copied().collect();
+                (String::from_utf8(lines).unwrap(), raw.dated, raw.length)
+            })
+        };
+        assert_eq!(
+            raw(
+                b"HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\nContent-Length: 0\r\n\
+                  Connection: keep-alive\r\n\r\n"
+            ),
+            Some((
+                "Server: s\r\nDate: d\r\nContent-Length: 0\r\n".to_string(),
+                true,
+                Some(0)
+            ))
+        );
+        // The connection's own fields leave gaps: each run of kept lines is passed.
+        assert_eq!(
+            raw(
+                b"HTTP/1.1 204 No Content\r\nKeep-Alive: 5\r\nA: 1\r\nProxy-Connection: x\r\n\
+                  B: 2\r\nconnection: close\r\n\r\n"
+            ),
+            Some(("A: 1\r\nB: 2\r\n".to_string(), false, None))
+        );
+        assert_eq!(
+            raw(b"HTTP/1.1 200 OK\r\n\r\n"),
+            Some((String::new(), false, None))
+        );
+        // Everything else goes through the map.
+        for mapped in [
+            &b"HTTP/1.1 200 OK\nA: 1\nContent-Length: 0\n\n"[..],
+            b"HTTP/1.1 200 OK\r\nA: 1\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0, 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nConnection: x-trace\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTrailer: x\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nProxy-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nA: 1\r\nKeep-Alive: 1\r\nB: 1\r\nKeep-Alive: 1\r\nC: 1\r\n\
+              Keep-Alive: 1\r\nD: 1\r\nKeep-Alive: 1\r\nE: 1\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            assert_eq!(raw(mapped), None, "{}", String::from_utf8_lossy(mapped));
+        }
+        // Values a header map would refuse never get this far: httparse refuses them.
+        for bad in [&b"x: a\x7fb"[..], b"x: a\x01b", b"x: a\x00b"] {
+            let mut text = b"HTTP/1.1 200 OK\r\n".to_vec();
+            text.extend_from_slice(bad);
+            text.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+            assert!(
+                parse_head(&mut BytesMut::from(&text[..]), 100, false).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
@@ -1098,8 +1400,10 @@ mod tests {
     #[test]
     fn framing_follows_rfc_9112_section_6_3() {
         let framing_of = |text: &[u8], head_request: bool| {
-            parse_head(&mut BytesMut::from(text), 100, head_request)
-                .map(|h| h.map(|h| (h.framing, h.keep_alive, h.parts.headers)))
+            parse_head(&mut BytesMut::from(text), 100, head_request).map(|h| {
+                h.map(mapped)
+                    .map(|h| (h.framing, h.keep_alive, h.parts.headers))
+            })
         };
         let (f, keep, _) = framing_of(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
             .unwrap()
@@ -1257,9 +1561,11 @@ mod tests {
     fn header_values_share_the_read_buffer_and_keep_obs_text() {
         let mut text =
             b"HTTP/1.1 200 OK\r\nx-raw: caf\xe9\r\nx-empty:\r\ncontent-length: 0\r\n\r\n".to_vec();
-        let parsed = parse_head(&mut BytesMut::from(&text[..]), 10, false)
-            .unwrap()
-            .unwrap();
+        let parsed = mapped(
+            parse_head(&mut BytesMut::from(&text[..]), 10, false)
+                .unwrap()
+                .unwrap(),
+        );
         assert_eq!(parsed.parts.headers["x-raw"].as_bytes(), b"caf\xe9");
         assert_eq!(parsed.parts.headers["x-empty"].as_bytes(), b"");
         text[0] = b'X';

@@ -25,13 +25,17 @@
 //! * a client that closes while its request waits for the pod aborts the request (its
 //!   future is dropped, so `forward.rs` measures the wait as abandoned), as with hyper,
 //!   which also watches for that only while no pipelined bytes are buffered;
-//! * a `date` header on answers without one, formatted once per second per thread.
+//! * a `date` header on answers without one, formatted once per second per thread;
+//! * a pod's header fields written as the pod sent them, when its head needs nothing
+//!   but its connection fields taken out (`h1::RawFields`): no header map is built,
+//!   searched or written for the common answer. hyper's server, which writes maps,
+//!   gets them as one (`h1::map_raw_fields`).
 //!
 //! Timeouts and close reasons stay with the connection driver (`server.rs`, `conn.rs`),
 //! which sees this loop's reads and writes through the same [`Watched`] socket.
 
 use std::cell::RefCell;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::Pin;
@@ -41,7 +45,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
 use http_body::Body;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -50,6 +56,7 @@ use crate::body::ResponseBody;
 use crate::conn::Watched;
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
+use crate::h1::RawFields;
 use crate::headers::spare_maps;
 use crate::request_body::RequestBody;
 use crate::target::TargetCache;
@@ -390,9 +397,19 @@ async fn respond(
     close: bool,
 ) -> io::Result<bool> {
     let (mut parts, mut body) = response.into_parts();
-    let framing = framing(&mut parts, &body, version, head_request);
+    let exact = body.size_hint().exact();
+    let raw = body.take_raw_fields();
+    let (framing, length) = match &raw {
+        // A pod's fields as it sent them: checked when they were read (`h1.rs`).
+        Some(raw) => framing(parts.status, raw.length, exact, version, head_request),
+        None => map_framing(&mut parts, exact, version, head_request),
+    };
     let close = close || framing == Framing::UntilClose;
-    encode_head(head, &parts, version, close);
+    let fields = match &raw {
+        Some(raw) => Fields::Raw(raw),
+        None => Fields::Map(&parts.headers),
+    };
+    encode_head(head, &parts, fields, length, version, close);
     spare_maps::give_back(std::mem::take(&mut parts.headers));
     let mut body = Pin::new(&mut body);
     if framing == Framing::None {
@@ -477,18 +494,65 @@ async fn respond(
     }
 }
 
-/// How the body of `parts` goes on the wire to a client speaking `version`; the
-/// framing headers are set to match.
+/// What the response's framing asks of its length fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LengthField {
+    /// Left as they are.
+    Keep,
+    /// Any `content-length` replaced by this one (the body's exact size).
+    Set(u64),
+    /// Any `content-length` removed; `transfer-encoding: chunked` added.
+    Chunked,
+    /// Any `content-length` removed.
+    Drop,
+}
+
+/// How a body goes on the wire to a client speaking `version`, and what that asks of
+/// the length fields: `declared` is the response's valid `Content-Length` (pods'
+/// answers arrive with theirs checked and merged, `h1.rs`; the proxy's own have none),
+/// `exact` the body's size if it is known.
 fn framing(
-    parts: &mut http::response::Parts,
-    body: &ResponseBody,
+    status: StatusCode,
+    declared: Option<u64>,
+    exact: Option<u64>,
     version: Version,
     head_request: bool,
-) -> Framing {
-    let status = parts.status;
+) -> (Framing, LengthField) {
     let no_body_status = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
+    if declared.is_none() && !no_body_status {
+        // The length the body has, if it is known (a HEAD answer says what a GET's would).
+        if let Some(exact) = exact {
+            if !(head_request && exact == 0) {
+                let framing = if head_request {
+                    Framing::None
+                } else {
+                    Framing::Length(exact)
+                };
+                return (framing, LengthField::Set(exact));
+            }
+        }
+    }
+    if head_request || no_body_status {
+        return (Framing::None, LengthField::Keep);
+    }
+    match declared {
+        Some(n) => (Framing::Length(n), LengthField::Keep),
+        None if version == Version::HTTP_11 => (Framing::Chunked, LengthField::Chunked),
+        None => (Framing::UntilClose, LengthField::Drop),
+    }
+}
+
+/// [`framing`] for a response whose fields are in its map: `Transfer-Encoding` (the
+/// pod's coding, already decoded) and any length field the framing replaces are taken
+/// out of the map; [`encode_head`] writes the new ones.
+fn map_framing(
+    parts: &mut http::response::Parts,
+    exact: Option<u64>,
+    version: Version,
+    head_request: bool,
+) -> (Framing, LengthField) {
     // One scan of the (few) names says which of the lookups below are needed.
     let (mut coded, mut length) = (false, false);
     for name in parts.headers.keys() {
@@ -498,49 +562,38 @@ fn framing(
     if coded {
         parts.headers.remove(TRANSFER_ENCODING);
     }
-    // Upstream answers arrive with their lengths checked and merged (`h1.rs`); the
-    // proxy's own answers have none.
     let declared = match length {
         true => crate::h1::content_length(&mut parts.headers).ok().flatten(),
         false => None,
     };
-    if declared.is_none() && !no_body_status {
-        // The length the body has, if it is known (a HEAD answer says what a GET's would).
-        if let Some(exact) = body.size_hint().exact() {
-            if !(head_request && exact == 0) {
-                parts
-                    .headers
-                    .insert(CONTENT_LENGTH, HeaderValue::from(exact));
-                return if head_request {
-                    Framing::None
-                } else {
-                    Framing::Length(exact)
-                };
-            }
-        }
+    let (framing, field) = framing(parts.status, declared, exact, version, head_request);
+    if length && field != LengthField::Keep {
+        parts.headers.remove(CONTENT_LENGTH);
     }
-    if head_request || no_body_status {
-        return Framing::None;
-    }
-    match declared {
-        Some(n) => Framing::Length(n),
-        None if version == Version::HTTP_11 => {
-            parts.headers.remove(CONTENT_LENGTH);
-            parts
-                .headers
-                .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-            Framing::Chunked
-        }
-        None => {
-            parts.headers.remove(CONTENT_LENGTH);
-            Framing::UntilClose
-        }
-    }
+    (framing, field)
 }
 
-/// The status line and header fields, with `connection` and `date` as needed.
-fn encode_head(out: &mut Vec<u8>, parts: &http::response::Parts, version: Version, close: bool) {
+/// A response's header fields, as a map or as the pod sent them.
+enum Fields<'a> {
+    Map(&'a HeaderMap),
+    Raw(&'a RawFields),
+}
+
+/// The status line and header fields, with `connection`, `date` and the length
+/// fields the framing asks for.
+fn encode_head(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    fields: Fields<'_>,
+    length: LengthField,
+    version: Version,
+    close: bool,
+) {
     out.clear();
+    if let Fields::Raw(raw) = fields {
+        // Status line and the tail take less than 160 bytes.
+        out.reserve(raw.len() + 160);
+    }
     out.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
     } else {
@@ -559,16 +612,34 @@ fn encode_head(out: &mut Vec<u8>, parts: &http::response::Parts, version: Versio
         ),
     }
     out.extend_from_slice(b"\r\n");
-    let mut dated = false;
-    for (name, value) in &parts.headers {
-        if name == CONNECTION {
-            continue;
+    let dated = match fields {
+        Fields::Raw(raw) => {
+            for lines in raw.lines() {
+                out.extend_from_slice(lines);
+            }
+            raw.dated
         }
-        dated |= name == DATE;
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        Fields::Map(headers) => {
+            let mut dated = false;
+            for (name, value) in headers {
+                if name == CONNECTION {
+                    continue;
+                }
+                dated |= name == DATE;
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            dated
+        }
+    };
+    match length {
+        LengthField::Set(n) => {
+            let _ = write!(out, "content-length: {n}\r\n");
+        }
+        LengthField::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        LengthField::Keep | LengthField::Drop => {}
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
@@ -754,8 +825,33 @@ mod tests {
             );
         }
         let (mut parts, body) = response.into_parts();
-        let framing = framing(&mut parts, &body, version, head_request);
-        (framing, parts.headers)
+        let (framing, length) =
+            map_framing(&mut parts, body.size_hint().exact(), version, head_request);
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            &parts,
+            Fields::Map(&parts.headers),
+            length,
+            version,
+            false,
+        );
+        (framing, written_fields(&out))
+    }
+
+    /// The header fields of a written head.
+    fn written_fields(head: &[u8]) -> HeaderMap {
+        let mut slots = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut slots);
+        assert!(response.parse(head).unwrap().is_complete());
+        let mut map = HeaderMap::new();
+        for field in response.headers.iter() {
+            map.append(
+                HeaderName::from_bytes(field.name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(field.value).unwrap(),
+            );
+        }
+        map
     }
 
     #[test]
@@ -803,7 +899,15 @@ mod tests {
             .insert("x-a", HeaderValue::from_static("1"));
         let (parts, _) = response.into_parts();
         let mut out = Vec::new();
-        encode_head(&mut out, &parts, Version::HTTP_10, false);
+        let fields = || Fields::Map(&parts.headers);
+        encode_head(
+            &mut out,
+            &parts,
+            fields(),
+            LengthField::Keep,
+            Version::HTTP_10,
+            false,
+        );
         let text = String::from_utf8(out.clone()).unwrap();
         assert!(
             text.starts_with(
@@ -812,8 +916,67 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
-        encode_head(&mut out, &parts, Version::HTTP_11, true);
+        encode_head(
+            &mut out,
+            &parts,
+            fields(),
+            LengthField::Keep,
+            Version::HTTP_11,
+            true,
+        );
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    }
+
+    #[test]
+    fn a_pods_fields_pass_raw_in_their_order_and_case_without_its_connection_fields() {
+        let pod = b"HTTP/1.1 200 OK\r\nServer: pod\r\nConnection: keep-alive\r\nX-Multi: a\r\n\
+                    Keep-Alive: timeout=5\r\nx-multi: b\r\nContent-Length: 2\r\n\r\n";
+        let raw = crate::h1::raw_fields_of(pod).expect("kept raw");
+        assert_eq!(raw.length, Some(2));
+        let mut response = Response::new(ResponseBody::full(Bytes::new()));
+        *response.status_mut() = StatusCode::OK;
+        let (parts, _) = response.into_parts();
+        let mut out = Vec::new();
+        let (framed, length) = framing(parts.status, raw.length, None, Version::HTTP_11, false);
+        assert_eq!((framed, length), (Framing::Length(2), LengthField::Keep));
+        encode_head(
+            &mut out,
+            &parts,
+            Fields::Raw(&raw),
+            length,
+            Version::HTTP_11,
+            false,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(
+                "HTTP/1.1 200 OK\r\nServer: pod\r\nX-Multi: a\r\nx-multi: b\r\n\
+                 Content-Length: 2\r\ndate: "
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
+
+        // A pod's own date is kept; a length the framing sets is written after the
+        // fields; the close is said.
+        let pod = b"HTTP/1.0 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n";
+        let raw = crate::h1::raw_fields_of(pod).expect("kept raw");
+        let (framed, length) = framing(parts.status, raw.length, Some(5), Version::HTTP_10, false);
+        assert_eq!((framed, length), (Framing::Length(5), LengthField::Set(5)));
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            &parts,
+            Fields::Raw(&raw),
+            length,
+            Version::HTTP_10,
+            true,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.0 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+             content-length: 5\r\nconnection: close\r\n\r\n"
+        );
     }
 }

@@ -453,6 +453,11 @@ fn hyper_service(
             Ok(mut cache) => service.admit(&mut cache, req),
             Err(_) => service.admit(&mut TargetCache::default(), req),
         };
-        async move { Ok::<_, Infallible>(admitted.answer().await) }
+        async move {
+            let mut response = admitted.answer().await;
+            // hyper writes the header map: fields that came raw go into it.
+            crate::h1::map_raw_fields(&mut response);
+            Ok::<_, Infallible>(response)
+        }
     })
 }
