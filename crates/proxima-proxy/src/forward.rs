@@ -803,7 +803,12 @@ impl Proxy {
             let mut failure: Option<Failure> = None;
             let mut retries_done: u32 = 0;
             loop {
-                let attempt_start = Instant::now();
+                // The first attempt starts with the request (a clock read saved).
+                let attempt_start = if tried.is_empty() {
+                    start
+                } else {
+                    Instant::now()
+                };
                 let picked = match self.pick(key, port, attempt_start, &tried) {
                     Ok(picked) => picked,
                     Err(error) => {
