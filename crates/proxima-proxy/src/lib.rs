@@ -46,6 +46,7 @@ mod server;
 mod spans;
 mod stall;
 pub mod target;
+mod worker;
 mod workers;
 
 use std::sync::Arc;
@@ -131,7 +132,7 @@ impl Proxy {
     /// The proxy's stall total up to `now` (see `stall.rs`), from the meter of the
     /// calling worker thread, or the proxy's own off the workers.
     pub(crate) fn stall_total(&self, now: std::time::Instant) -> std::time::Duration {
-        workers::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
+        worker::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
     }
 
     /// The routing table it picks from.

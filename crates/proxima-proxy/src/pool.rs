@@ -387,7 +387,7 @@ impl ConnPool {
     /// the calling worker thread. Closed and expired ones are dropped on the way; ones
     /// still finishing their previous exchange, and other workers' ones, are left.
     pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
-        let worker = crate::workers::current_index();
+        let worker = crate::worker::current_index();
         let mut dropped = Vec::new();
         let taken = {
             let mut lists = self.lists();
@@ -417,7 +417,7 @@ impl ConnPool {
     /// beyond theirs. A bare socket is not checked here: its exchange read the
     /// response to its end a moment ago, and [`take`](Self::take) checks it anyway.
     fn put(&self, addr: SocketAddr, held: Held) {
-        let worker = crate::workers::current_index();
+        let worker = crate::worker::current_index();
         let closed = matches!(&held, Held::Ready(sender) if sender.is_closed());
         if closed || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
             return;
@@ -487,7 +487,7 @@ impl ConnPool {
         }
         let idle = Idle {
             held,
-            worker: crate::workers::current_index(),
+            worker: crate::worker::current_index(),
             since: place.since,
             seq: place.seq,
         };
@@ -633,18 +633,18 @@ mod tests {
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        crate::workers::pretend_worker(1);
+        crate::worker::pretend_worker(1);
         pool.put(addr, Held::Ready(sender));
         assert_eq!(pool.idle_to(addr), 1);
 
-        crate::workers::pretend_worker(2);
+        crate::worker::pretend_worker(2);
         assert!(
             pool.take(addr, Instant::now()).is_none(),
             "worker 2 took worker 1's"
         );
         assert_eq!(pool.idle_to(addr), 1, "and left it in the pool");
 
-        crate::workers::pretend_worker(1);
+        crate::worker::pretend_worker(1);
         assert!(pool.take(addr, Instant::now()).is_some());
         assert_eq!(pool.idle_to(addr), 0);
     }

@@ -21,7 +21,6 @@
 //!
 //! The control plane (discovery, admin server, probes) stays on the caller's runtime.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -32,41 +31,6 @@ use tracing::info;
 use crate::balance::{Balance, Member};
 use crate::stall::StallMeter;
 use crate::Proxy;
-
-/// What the current thread is, for the pool and the stall meter.
-#[derive(Debug)]
-struct Worker {
-    /// 1-based worker number; 0 is any thread that is not a worker.
-    index: u32,
-    stall: Arc<StallMeter>,
-}
-
-thread_local! {
-    static CURRENT: RefCell<Option<Worker>> = const { RefCell::new(None) };
-}
-
-/// Make the current thread worker `index`, measuring its stalls with `stall`, or (`None`)
-/// no worker.
-fn enter(worker: Option<(u32, Arc<StallMeter>)>) {
-    let worker = worker.map(|(index, stall)| Worker { index, stall });
-    CURRENT.with(|current| *current.borrow_mut() = worker);
-}
-
-/// Make the current thread count as worker `index` (tests of the per-worker rules).
-#[cfg(test)]
-pub(crate) fn pretend_worker(index: u32) {
-    enter(Some((index, Arc::new(StallMeter::new()))));
-}
-
-/// The worker number of the current thread (0 when it is not a worker).
-pub(crate) fn current_index() -> u32 {
-    CURRENT.with(|w| w.borrow().as_ref().map_or(0, |w| w.index))
-}
-
-/// Run `f` with the current worker's stall meter, if this thread is a worker.
-pub(crate) fn with_stall<R>(f: impl FnOnce(Option<&StallMeter>) -> R) -> R {
-    CURRENT.with(|w| f(w.borrow().as_ref().map(|w| &*w.stall)))
-}
 
 /// Serve `listener` on `workers` threads (at least one), each with its own
 /// single-threaded runtime (see the module docs). Each worker stops accepting when the
@@ -139,10 +103,10 @@ fn run_worker(
     runtime.block_on(async move {
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, proxy.router());
-        enter(Some((index, stall)));
+        crate::worker::enter(Some((index, stall)));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let served = crate::server::serve_with(proxy, listener, stop, Some(seat)).await;
-        enter(None);
+        crate::worker::enter(None);
         served
     })
 }
