@@ -48,9 +48,11 @@
 //! connects (the kernel picks the port), so pods, and anything between, see the proxy's
 //! chosen address as the peer.
 //!
-//! With worker threads (`workers.rs`), a connection is reused only by the worker whose
+//! With worker threads (`workers.rs`), a connection is reused by the worker whose
 //! runtime drives it, so that a request never wakes another thread, and connections of
-//! the other runtime (the prober's) are not kept at all; the bounds stay global.
+//! the other runtime (the prober's) are not kept at all; the bounds stay global. A
+//! worker with no idle connection of its own to a pod adopts another worker's parked
+//! socket (it moves to the adopting worker's reactor) rather than open a new one.
 //!
 //! The idle lists sit behind one mutex: each operation is a hash lookup and a push or a
 //! pop (eviction by age is a lookup in an ordered map), and connections that are closed
@@ -249,6 +251,13 @@ pub(crate) struct ConnPool {
     workers_serve: AtomicBool,
 }
 
+/// `stream`, registered with another worker's reactor, moved to the calling worker's;
+/// `None` (the socket is closed) if either step fails.
+fn adopt(stream: TcpStream) -> Option<TcpStream> {
+    let stream = stream.into_std().ok()?;
+    TcpStream::from_std(stream).ok()
+}
+
 /// A connection in use, to be [released](Lease::release) back to its pool. A native
 /// exchange's socket is with its response body meanwhile, and comes back through
 /// [`Lease::release_socket`].
@@ -385,14 +394,23 @@ impl ConnPool {
 
     /// The newest idle connection to `addr` that is ready for a request and driven by
     /// the calling worker thread. Closed and expired ones are dropped on the way; ones
-    /// still finishing their previous exchange, and other workers' ones, are left.
+    /// still finishing their previous exchange are left.
+    ///
+    /// A worker with none of its own adopts the newest parked socket of another worker:
+    /// it moves to this worker's reactor (two `epoll_ctl` calls), which costs far less
+    /// than a new connection, and keeps the pool's bounds shared by the workers: with a
+    /// thousand pods and two workers, the pool's 1024 places could not hold a
+    /// connection per pod for each worker. A connection hyper drives stays with its
+    /// worker (its task runs there).
     pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
         let worker = crate::worker::current_index();
         let mut dropped = Vec::new();
-        let taken = {
+        let (taken, adopted) = {
             let mut lists = self.lists();
             let mut i = lists.by_addr.get(&addr).map_or(0, VecDeque::len);
             let mut taken = None;
+            // The newest parked socket of another worker, if this one has none.
+            let mut other = None;
             while i > 0 {
                 i -= 1;
                 let Some(entry) = lists.by_addr.get(&addr).and_then(|l| l.get(i)) else {
@@ -400,16 +418,27 @@ impl ConnPool {
                 };
                 if self.is_done(entry, now) {
                     dropped.extend(lists.remove(addr, i));
+                    // Entries after `i` moved down by one.
+                    other = other.map(|j: usize| j - 1);
                 } else if entry.worker == worker && entry.held.is_ready() {
                     taken = lists.remove(addr, i).map(|idle| idle.held);
                     break;
+                } else if other.is_none() && worker != 0 && matches!(entry.held, Held::Parked(_)) {
+                    other = Some(i);
                 }
             }
+            let adopted = match (&taken, other) {
+                (None, Some(j)) => lists.remove(addr, j).map(|idle| idle.held),
+                _ => None,
+            };
             self.metrics.set_idle(lists.len(), lists.parked());
-            taken
+            (taken, adopted)
         };
         drop(dropped);
-        taken
+        match adopted {
+            Some(Held::Parked(stream)) => adopt(stream).map(Held::Parked),
+            _ => taken,
+        }
     }
 
     /// Keep a connection whose exchange has completed for the next request, pushing
@@ -647,6 +676,79 @@ mod tests {
         crate::worker::pretend_worker(1);
         assert!(pool.take(addr, Instant::now()).is_some());
         assert_eq!(pool.idle_to(addr), 0);
+    }
+
+    #[test]
+    fn a_worker_with_none_of_its_own_adopts_another_workers_parked_socket() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        // Worker 1, on its own thread and runtime, parks a socket to the pod.
+        let pod_runtime = std::thread::spawn(move || {
+            let rt = runtime();
+            let addr = rt.block_on(server());
+            (rt, addr)
+        })
+        .join()
+        .unwrap();
+        let (pod_rt, addr) = pod_runtime;
+        let pod = std::thread::spawn(move || pod_rt.block_on(std::future::pending::<()>()));
+        let pool = pool_of(ROOMY);
+        let first = pool.clone();
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                crate::worker::pretend_worker(1);
+                let socket = first
+                    .connect_socket(addr, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+                first.put(addr, Held::Parked(socket));
+            });
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.idle_to(addr), 1);
+
+        // Worker 2, on another thread and runtime, has none of its own: it takes worker
+        // 1's parked socket, which then serves an exchange on worker 2's reactor.
+        let second = pool.clone();
+        let status = std::thread::spawn(move || {
+            runtime().block_on(async {
+                crate::worker::pretend_worker(2);
+                let Some(Held::Parked(socket)) = second.take(addr, Instant::now()) else {
+                    panic!("worker 2 did not adopt the parked socket");
+                };
+                let req = http::Request::get("/").body(()).unwrap();
+                let response = crate::h1::exchange(socket, &req, 100).await.unwrap();
+                response.status()
+            })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(status, http::StatusCode::OK);
+        assert_eq!(pool.idle_to(addr), 0);
+
+        // Off the workers (the prober), another worker's socket is not taken.
+        let third = pool.clone();
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                crate::worker::pretend_worker(1);
+                let socket = third
+                    .connect_socket(addr, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+                third.put(addr, Held::Parked(socket));
+                crate::worker::pretend_worker(0);
+                assert!(third.take(addr, Instant::now()).is_none());
+            });
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.idle_to(addr), 1);
+        drop(pod);
     }
 
     #[tokio::test]
