@@ -146,6 +146,16 @@ pub(crate) async fn serve_with(
     let mut sheds = RateLimited::new(LOG_EVERY);
     let local = listener.local_addr()?;
     info!(%local, max_connections = proxy.config.max_client_connections, "proxy listening");
+    let serve_one = |connections: &mut JoinSet<()>, accepted: Accepted, served: Option<Served>| {
+        connections.spawn(drive(
+            proxy.clone(),
+            servers.clone(),
+            timeouts,
+            accepted,
+            served,
+            stop_rx.clone(),
+        ));
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -172,14 +182,7 @@ pub(crate) async fn serve_with(
                         None => Some((accepted, None)),
                     };
                     if let Some((accepted, served)) = placed {
-                        connections.spawn(drive(
-                            proxy.clone(),
-                            servers.clone(),
-                            timeouts,
-                            accepted,
-                            served,
-                            stop_rx.clone(),
-                        ));
+                        serve_one(&mut connections, accepted, served);
                     }
                 }
                 Err(error) => {
@@ -191,14 +194,7 @@ pub(crate) async fn serve_with(
             },
             (accepted, served) = handed_over(&mut balance) => {
                 if let Some(accepted) = accepted {
-                    connections.spawn(drive(
-                        proxy.clone(),
-                        servers.clone(),
-                        timeouts,
-                        accepted,
-                        Some(served),
-                        stop_rx.clone(),
-                    ));
+                    serve_one(&mut connections, accepted, Some(served));
                 }
             }
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
@@ -214,14 +210,7 @@ pub(crate) async fn serve_with(
     if let Some(member) = &mut balance {
         for (accepted, served) in member.close() {
             if let Some(accepted) = accepted {
-                connections.spawn(drive(
-                    proxy.clone(),
-                    servers.clone(),
-                    timeouts,
-                    accepted,
-                    Some(served),
-                    stop_rx.clone(),
-                ));
+                serve_one(&mut connections, accepted, Some(served));
             }
         }
     }
