@@ -462,6 +462,49 @@ async fn a_client_that_stops_reading_releases_both_connections() {
     );
 }
 
+/// A client that pipelines requests and never reads the answers. Each answer has no
+/// body (a `204` with a large head), so no body streams and only the stall of the
+/// writes can tell: once the socket is full nothing moves, and the stall limit closes
+/// the connection as it would a stalled body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_pipelines_and_never_reads_is_cut_when_its_socket_is_full() {
+    let dir = TempDir::new("stall-pipelined");
+    let answer = format!(
+        "HTTP/1.1 204 No Content\r\nx-pad: {}\r\n\r\n",
+        "x".repeat(4000)
+    );
+    let pod = raw_backend(None, move |_, _| (answer.clone().into_bytes(), false)).await;
+    let proxima = start(&dir, &[("api", pod)], &["--body-idle-timeout", "1s"]).await;
+    let client = TcpStream::connect(proxima.proxy).await.unwrap();
+    let (mut reader, mut writer) = client.into_split();
+    // 4000 answers of 4 KB: far more than the sockets between can hold. Written from
+    // a task of its own: the proxy stops reading requests once it cannot write.
+    let writing = tokio::spawn(async move {
+        let requests = "GET / HTTP/1.1\r\nhost: api\r\n\r\n".repeat(4000);
+        let _ = writer.write_all(requests.as_bytes()).await;
+        writer
+    });
+    let metrics = eventually("the connection is cut as stalled", || async {
+        let metrics = admin_text(proxima.admin, "/metrics").await;
+        let stalled = metric(
+            &metrics,
+            "proxima_client_connections_closed_total{reason=\"stalled\"}",
+        );
+        (stalled >= 1.0).then_some(metrics)
+    })
+    .await;
+    assert_eq!(
+        metric(&metrics, "proxima_client_connections "),
+        0.0,
+        "{metrics}"
+    );
+    // What the client then reads is answers up to the cut, then the end.
+    let mut got = Vec::new();
+    let _ = reader.read_to_end(&mut got).await;
+    assert!(got.starts_with(b"HTTP/1.1 204 No Content\r\n"));
+    writing.abort();
+}
+
 // ---- the connection budget ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,7 @@
 //! | no request yet | `client_header_timeout` from the accept | close |
 //! | nothing in flight after a request | `client_idle_timeout` from the last response | graceful close (HTTP/2 GOAWAY) |
 //! | HTTP/1.1: the next request's head begun, not complete | `client_header_timeout` from its first byte (or the idle limit, if sooner) | close |
-//! | a response body streaming | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
+//! | a response body streaming, or a write the client does not take (its socket full) | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
 //!
 //! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
@@ -80,6 +80,8 @@ pub(crate) struct ConnActivity {
     head_from_ms: AtomicU64,
     /// The connection speaks HTTP/1 (known from its first request).
     http1: AtomicBool,
+    /// The last write found the socket full: the client is not taking what it is sent.
+    write_waiting: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -105,6 +107,7 @@ impl ConnActivity {
             last_io_ms: AtomicU64::new(0),
             head_from_ms: AtomicU64::new(NO_HEAD),
             http1: AtomicBool::new(false),
+            write_waiting: AtomicBool::new(false),
             state: Mutex::new(State {
                 in_flight: 0,
                 streaming: 0,
@@ -187,10 +190,16 @@ impl ConnActivity {
             .map_or(soonest, |deadline| deadline.min(soonest))
     }
 
+    /// Bytes move (a body streams, or a write waits for the client to take bytes): the
+    /// stall limit applies.
+    fn moving(&self, state: &State) -> bool {
+        state.streaming > 0 || self.write_waiting.load(Ordering::Relaxed)
+    }
+
     /// The current limit's deadline; `None` while only response headers are awaited.
     fn deadline(&self, timeouts: &ConnTimeouts) -> Option<Instant> {
         let state = self.state();
-        if state.streaming > 0 {
+        if self.moving(&state) {
             Some(self.last_io() + timeouts.body)
         } else if state.in_flight > 0 {
             None
@@ -208,7 +217,7 @@ impl ConnActivity {
     /// Whether the connection has outlived its limit at `now`.
     pub(crate) fn verdict(&self, timeouts: &ConnTimeouts, now: Instant) -> Verdict {
         let state = self.state();
-        if state.streaming > 0 {
+        if self.moving(&state) {
             if now.saturating_duration_since(self.last_io()) >= timeouts.body {
                 return Verdict::Cut(CloseReason::Stalled);
             }
@@ -508,8 +517,19 @@ impl<S: AsyncWrite + Unpin> Watched<S> {
             return Poll::Pending;
         }
         let polled = write(Pin::new(&mut self.inner), cx);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        let waiting = &self.activity.write_waiting;
+        match polled {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                self.activity.touch();
+                if waiting.load(Ordering::Relaxed) {
+                    waiting.store(false, Ordering::Relaxed);
+                }
+            }
+            // The client takes nothing more for now: from here the stall limit runs (a
+            // client that pipelines requests and never reads its answers would
+            // otherwise hold the connection for ever).
+            Poll::Pending => waiting.store(true, Ordering::Relaxed),
+            _ => {}
         }
         polled
     }
@@ -681,6 +701,55 @@ mod tests {
                 assert_eq!(activity.verdict(&t, idle_since + t.header), Verdict::Keep);
             }
         }
+    }
+
+    /// A client that takes none of what it is sent: once the socket is full, the stall
+    /// limit runs even with no body streaming (a small answer, complete when its head
+    /// came), and a write that goes through again stops it.
+    #[tokio::test]
+    async fn a_write_the_client_does_not_take_runs_the_stall_limit() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let t0 = Instant::now();
+        let activity = ConnActivity::new(t0);
+        let t = timeouts();
+        let _guard = activity.begin(true);
+        let mut watched = Watched::new(server, activity.clone(), 1024);
+        // Write until the socket takes nothing more.
+        let block = vec![b'x'; 64 << 10];
+        let mut sent = 0usize;
+        loop {
+            let write =
+                std::future::poll_fn(|cx| match Pin::new(&mut watched).poll_write(cx, &block) {
+                    Poll::Pending => Poll::Ready(None),
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                });
+            match write.await {
+                Some(Ok(n)) => sent += n,
+                Some(Err(e)) => panic!("{e}"),
+                None => break,
+            }
+        }
+        assert!(sent > 0);
+        let deadline = activity
+            .deadline(&t)
+            .expect("a waiting write has a deadline");
+        assert_eq!(deadline, activity.last_io() + t.body);
+        assert_eq!(
+            activity.verdict(&t, deadline),
+            Verdict::Cut(CloseReason::Stalled)
+        );
+        // The client reads: the next write goes through, and only response headers
+        // are awaited again as far as the limits go.
+        let mut sink = vec![0u8; sent];
+        client.read_exact(&mut sink).await.unwrap();
+        watched.write_all(b"more").await.unwrap();
+        assert_eq!(activity.deadline(&t), None);
+        assert_eq!(activity.verdict(&t, t0 + t.body * 10), Verdict::Keep);
     }
 
     #[test]
