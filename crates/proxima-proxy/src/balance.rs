@@ -88,6 +88,16 @@ fn destination(open: &[usize], mine: usize) -> usize {
     }
 }
 
+/// Where [`Member::place`] put a connection.
+pub(crate) enum Placed {
+    /// Served by this worker.
+    Here(Accepted, Served),
+    /// Sent to a less loaded worker.
+    HandedOver,
+    /// Its socket could not leave this worker's reactor, nor join it again (closed).
+    Lost,
+}
+
 /// A worker's end of the [`Balance`].
 pub(crate) struct Member {
     balance: Arc<Balance>,
@@ -96,9 +106,9 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    /// Keep `accepted` on this worker (`Some`, counted as served here until the
-    /// returned [`Served`] is dropped), or hand it to a less loaded worker (`None`).
-    pub(crate) fn place(&self, accepted: Accepted) -> Option<(Accepted, Served)> {
+    /// Keep `accepted` on this worker (counted as served here until the returned
+    /// [`Served`] is dropped), or hand it to a less loaded worker.
+    pub(crate) fn place(&self, accepted: Accepted) -> Placed {
         let seats = &self.balance.seats;
         let open: Vec<usize> = seats
             .iter()
@@ -116,28 +126,31 @@ impl Member {
                         permit: accepted.permit,
                     };
                     match seats[to].inbox.send(moving) {
-                        Ok(()) => return None,
+                        Ok(()) => return Placed::HandedOver,
                         // That worker has stopped: serve the connection here.
                         Err(mpsc::error::SendError(moving)) => {
                             seats[to].open.fetch_sub(1, Ordering::Relaxed);
-                            return self.arrived(moving).map(|accepted| self.keep(accepted));
+                            return match self.arrived(moving) {
+                                Some(accepted) => self.keep(accepted),
+                                None => Placed::Lost,
+                            };
                         }
                     }
                 }
                 Err(_) => {
                     seats[to].open.fetch_sub(1, Ordering::Relaxed);
-                    return None;
+                    return Placed::Lost;
                 }
             }
         }
-        Some(self.keep(accepted))
+        self.keep(accepted)
     }
 
-    fn keep(&self, accepted: Accepted) -> (Accepted, Served) {
+    fn keep(&self, accepted: Accepted) -> Placed {
         self.balance.seats[self.index]
             .open
             .fetch_add(1, Ordering::Relaxed);
-        (accepted, self.served())
+        Placed::Here(accepted, self.served())
     }
 
     fn served(&self) -> Served {
@@ -238,12 +251,12 @@ mod tests {
             let (stream, peer, client) = pair(&listener).await;
             clients.push(client);
             let permit = budget.clone().try_acquire_owned().unwrap();
-            if let Some(placed) = first.place(Accepted {
+            if let Placed::Here(accepted, served) = first.place(Accepted {
                 stream,
                 peer,
                 permit,
             }) {
-                kept.push(placed);
+                kept.push((accepted, served));
             }
         }
         // The first worker accepted all seven and handed over each one that found it
@@ -282,7 +295,10 @@ mod tests {
             peer,
             permit,
         });
-        assert!(placed.is_some(), "served by the accepting worker");
+        assert!(
+            matches!(placed, Placed::Here(..)),
+            "served by the accepting worker"
+        );
         assert_eq!(open(&first), [4, 0]);
     }
 }

@@ -144,6 +144,7 @@ pub struct Metrics {
     connections_closed: IntCounterVec,
     pool: PoolMetrics,
     shed: IntCounter,
+    handed_over: IntCounter,
 }
 
 /// Why the connection pool closed an idle connection
@@ -180,6 +181,7 @@ pub(crate) struct PoolMetrics {
     idle: IntGauge,
     parked: IntGauge,
     closed: [IntCounter; 3],
+    adopted: IntCounter,
 }
 
 impl PoolMetrics {
@@ -187,6 +189,16 @@ impl PoolMetrics {
     pub(crate) fn set_idle(&self, count: usize, parked: usize) {
         self.idle.set(i64::try_from(count).unwrap_or(i64::MAX));
         self.parked.set(i64::try_from(parked).unwrap_or(i64::MAX));
+    }
+
+    /// A worker took over another worker's idle socket (`pool.rs`).
+    pub(crate) fn adopted(&self) {
+        self.adopted.inc();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn adopted_count(&self) -> u64 {
+        self.adopted.get()
     }
 
     pub(crate) fn idle_closed(&self, reason: IdleCloseReason) {
@@ -207,7 +219,8 @@ pub(crate) enum CloseReason {
     HeaderTimeout,
     /// No request in flight for `client_idle_timeout`.
     Idle,
-    /// No byte moved for `body_idle_timeout` while a body was streaming.
+    /// No byte moved for `body_idle_timeout` while a body was streaming or an answer
+    /// waited for the client to take it.
     Stalled,
 }
 
@@ -431,11 +444,22 @@ impl Metrics {
             "Idle keep-alive connections to pods the pool closed, by reason (endpoint_limit, total_limit, expired).",
             &["reason"],
         )?;
+        let adopted = IntCounter::new(
+            "proxima_upstream_adopted_total",
+            "Idle pod sockets a worker took over from another worker instead of opening a new connection.",
+        )?;
+        registry.register(Box::new(adopted.clone()))?;
         let pool = PoolMetrics {
             idle,
             parked,
             closed: IdleCloseReason::ALL.map(|r| idle_closed.with_label_values(&[r.as_str()])),
+            adopted,
         };
+        let handed_over = IntCounter::new(
+            "proxima_client_connections_handed_over_total",
+            "Client connections a worker accepted and handed to a less loaded worker.",
+        )?;
+        registry.register(Box::new(handed_over.clone()))?;
         let shed = IntCounter::new(
             "proxima_requests_shed_total",
             "Requests answered 503 at once because the most requests allowed in flight were.",
@@ -454,7 +478,13 @@ impl Metrics {
             connections_closed,
             pool,
             shed,
+            handed_over,
         })
+    }
+
+    /// Count a client connection handed to another worker (`balance.rs`).
+    pub(crate) fn handed_over(&self) {
+        self.handed_over.inc();
     }
 
     /// Count a request shed for overload (see `server.rs`).

@@ -436,7 +436,13 @@ impl ConnPool {
         };
         drop(dropped);
         match adopted {
-            Some(Held::Parked(stream)) => adopt(stream).map(Held::Parked),
+            Some(Held::Parked(stream)) => {
+                let adopted = adopt(stream).map(Held::Parked);
+                if adopted.is_some() {
+                    self.metrics.adopted();
+                }
+                adopted
+            }
             _ => taken,
         }
     }
@@ -730,6 +736,7 @@ mod tests {
         .unwrap();
         assert_eq!(status, http::StatusCode::OK);
         assert_eq!(pool.idle_to(addr), 0);
+        assert_eq!(pool.metrics.adopted_count(), 1);
 
         // Off the workers (the prober), another worker's socket is not taken.
         let third = pool.clone();

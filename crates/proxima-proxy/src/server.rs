@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::balance::{Accepted, Member, Served};
+use crate::balance::{Accepted, Member, Placed, Served};
 use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
@@ -178,11 +178,18 @@ pub(crate) async fn serve_with(
                     };
                     let accepted = Accepted { stream, peer, permit };
                     let placed = match &balance {
-                        Some(member) => member.place(accepted).map(|(a, served)| (a, Some(served))),
-                        None => Some((accepted, None)),
+                        Some(member) => member.place(accepted),
+                        None => {
+                            serve_one(&mut connections, accepted, None);
+                            continue;
+                        }
                     };
-                    if let Some((accepted, served)) = placed {
-                        serve_one(&mut connections, accepted, served);
+                    match placed {
+                        Placed::Here(accepted, served) => {
+                            serve_one(&mut connections, accepted, Some(served))
+                        }
+                        Placed::HandedOver => proxy.metrics.handed_over(),
+                        Placed::Lost => {}
                     }
                 }
                 Err(error) => {
