@@ -42,10 +42,11 @@ use std::mem::MaybeUninit;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 
 use crate::headers::{
-    connection_options, spare_maps, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION,
+    connection_options, is_hop_by_hop_name, spare_maps, ConnectionOptions, KEEP_ALIVE,
+    PROXY_CONNECTION,
 };
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
@@ -466,35 +467,33 @@ fn build_head(
             }
         }
     }
-    if let Some(raw) = RawFields::of(bytes, response) {
-        let fields = FramingFields {
-            transfer_encoding: false,
-            content_length: raw
-                .length
-                .map_or(ContentLength::Absent, ContentLength::Single),
-            connection: raw.connection,
-        };
-        // Neither a coding nor a length to check: the (empty) map is not looked at.
-        let (framing, delimited) = framing(&parts, &mut HeaderMap::new(), &fields, head_request)?;
-        return Ok(Head {
-            keep_alive: delimited && fields.connection.persistent(parts.version),
-            parts,
-            framing,
-            rest: Bytes::new(),
-            raw: Some(Box::new(raw)),
-        });
-    }
-    let mut fields = FramingFields::default();
-    let mut headers = field_map(bytes, response, &mut fields)?;
+    // The fields stay raw when they can (the map is then empty and not looked at:
+    // no coding and no length to check), else they are mapped.
+    let (fields, mut headers, raw) = match RawFields::of(bytes, response) {
+        Some((raw, connection)) => {
+            let fields = FramingFields {
+                transfer_encoding: false,
+                content_length: raw
+                    .length
+                    .map_or(ContentLength::Absent, ContentLength::Single),
+                connection,
+            };
+            (fields, HeaderMap::new(), Some(Box::new(raw)))
+        }
+        None => {
+            let mut fields = FramingFields::default();
+            let headers = field_map(bytes, response, &mut fields)?;
+            (fields, headers, None)
+        }
+    };
     let (framing, delimited) = framing(&parts, &mut headers, &fields, head_request)?;
     parts.headers = headers;
-    let keep_alive = delimited && fields.connection.persistent(parts.version);
     Ok(Head {
+        keep_alive: delimited && fields.connection.persistent(parts.version),
         parts,
         framing,
-        keep_alive,
         rest: Bytes::new(),
-        raw: None,
+        raw,
     })
 }
 
@@ -577,7 +576,7 @@ const MAX_RAW_FIELDS: usize = 256;
 /// with one valid value; names a header map would take (httparse takes the value bytes
 /// a `HeaderValue` takes: tab, visible ASCII, obs-text). Any other head is
 /// mapped as before, and so are raw ones that go to hyper's server ([`Self::to_map`]).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct RawFields {
     /// The head as received, status line to blank line.
     head: Bytes,
@@ -590,8 +589,6 @@ pub(crate) struct RawFields {
     pub(crate) dated: bool,
     /// The pod's `Content-Length`, if it sent one.
     pub(crate) length: Option<u64>,
-    /// What its `Connection` fields say.
-    connection: ConnectionOptions,
 }
 
 /// How [`RawFields::of`] treats a field, by its name.
@@ -608,29 +605,35 @@ enum RawName {
 
 impl RawName {
     fn of(name: &str) -> Self {
-        let is = |known: &str| name.eq_ignore_ascii_case(known);
-        match name.len() {
-            2 if is("te") => Self::Map,
-            4 if is("date") => Self::Date,
-            7 if is("trailer") || is("upgrade") => Self::Map,
-            10 if is("connection") => Self::Connection,
-            10 if is("keep-alive") => Self::Drop,
-            14 if is("content-length") => Self::ContentLength,
-            16 if is("proxy-connection") => Self::Drop,
-            17 if is("transfer-encoding") => Self::Map,
-            18 if is("proxy-authenticate") => Self::Map,
-            19 if is("proxy-authorization") => Self::Map,
-            // `HeaderName` takes no longer name.
-            len if len > usize::from(u16::MAX) => Self::Map,
-            _ => Self::Pass,
+        let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str());
+        if !is_hop_by_hop_name(name) {
+            return match name.len() {
+                4 if is(&DATE) => Self::Date,
+                14 if is(&CONTENT_LENGTH) => Self::ContentLength,
+                // `HeaderName` takes no longer name.
+                len if len > usize::from(u16::MAX) => Self::Map,
+                _ => Self::Pass,
+            };
+        }
+        // The connection's own fields, as `field_map` treats them; the other hop-by-hop
+        // fields need the strip.
+        if is(&CONNECTION) {
+            Self::Connection
+        } else if is(&KEEP_ALIVE) || is(&PROXY_CONNECTION) {
+            Self::Drop
+        } else {
+            Self::Map
         }
     }
 }
 
 impl RawFields {
     /// The fields of the final response head `head`, as `response` parsed them, if they
-    /// can be passed on raw (see the type's docs).
-    fn of(head: &Bytes, response: &httparse::Response<'_, '_>) -> Option<Self> {
+    /// can be passed on raw (see the type's docs), and what its `Connection` fields say.
+    fn of(
+        head: &Bytes,
+        response: &httparse::Response<'_, '_>,
+    ) -> Option<(Self, ConnectionOptions)> {
         let fields = &*response.headers;
         if fields.len() > MAX_RAW_FIELDS || !head.ends_with(b"\r\n\r\n") {
             return None;
@@ -646,8 +649,8 @@ impl RawFields {
             fields: u16::try_from(fields.len()).ok()?,
             dated: false,
             length: None,
-            connection: ConnectionOptions::default(),
         };
+        let mut connection = ConnectionOptions::default();
         let mut run_from = None;
         for (i, field) in fields.iter().enumerate() {
             let start = start_of(field);
@@ -671,8 +674,8 @@ impl RawFields {
                     if options.names_other_headers {
                         return None;
                     }
-                    raw.connection.close |= options.close;
-                    raw.connection.keep_alive |= options.keep_alive;
+                    connection.close |= options.close;
+                    connection.keep_alive |= options.keep_alive;
                     false
                 }
                 RawName::Drop => false,
@@ -690,7 +693,7 @@ impl RawFields {
         if let Some(from) = run_from {
             raw.push_run(from, end)?;
         }
-        Some(raw)
+        Some((raw, connection))
     }
 
     fn push_run(&mut self, from: usize, to: usize) -> Option<()> {
@@ -732,7 +735,7 @@ pub(crate) fn raw_fields_of(head: &[u8]) -> Option<RawFields> {
     let head = Bytes::copy_from_slice(head);
     parse_response(&head, 64, |response, parsed| {
         assert!(matches!(parsed, Ok(httparse::Status::Complete(_))));
-        RawFields::of(&head, response)
+        RawFields::of(&head, response).map(|(raw, _)| raw)
     })
 }
 

@@ -18,16 +18,37 @@ pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forw
 pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// The hop-by-hop headers of the fixed set (see the module docs).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+];
+
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == CONNECTION
-        || name == TE
-        || name == TRAILER
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || name == PROXY_AUTHENTICATE
-        || name == PROXY_AUTHORIZATION
-        || name == KEEP_ALIVE
-        || name == PROXY_CONNECTION
+    HOP_BY_HOP.contains(name)
+}
+
+/// [`is_hop_by_hop`] for a name as it came off the wire, in any case (for heads kept
+/// raw, `h1.rs`): by length first, since it runs for every field of a response.
+pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
+    let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str());
+    match name.len() {
+        2 => is(&TE),
+        7 => is(&TRAILER) || is(&UPGRADE),
+        10 => is(&CONNECTION) || is(&KEEP_ALIVE),
+        16 => is(&PROXY_CONNECTION),
+        17 => is(&TRANSFER_ENCODING),
+        18 => is(&PROXY_AUTHENTICATE),
+        19 => is(&PROXY_AUTHORIZATION),
+        _ => false,
+    }
 }
 
 /// What one `Connection` field says (RFC 9110 §7.6.1).
@@ -88,17 +109,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    for name in [
-        CONNECTION,
-        TE,
-        TRAILER,
-        TRANSFER_ENCODING,
-        UPGRADE,
-        PROXY_AUTHENTICATE,
-        PROXY_AUTHORIZATION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -269,6 +280,30 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut m);
         assert_eq!(names(&m), ["host", "x-a"]);
+    }
+
+    #[test]
+    fn a_name_off_the_wire_is_hop_by_hop_in_any_case_exactly_when_its_header_is() {
+        for name in &HOP_BY_HOP {
+            assert!(is_hop_by_hop_name(name.as_str()), "{name}");
+            assert!(
+                is_hop_by_hop_name(&name.as_str().to_ascii_uppercase()),
+                "{name}"
+            );
+        }
+        for name in [
+            "date",
+            "content-length",
+            "x-te",
+            "tee",
+            "server",
+            "upgrade-insecure-requests",
+            "",
+        ] {
+            let header = HeaderName::from_bytes(name.as_bytes()).ok();
+            assert!(!is_hop_by_hop_name(name), "{name}");
+            assert!(header.is_none_or(|h| !is_hop_by_hop(&h)), "{name}");
+        }
     }
 
     #[test]

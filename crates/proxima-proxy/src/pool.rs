@@ -409,7 +409,8 @@ impl ConnPool {
             let mut lists = self.lists();
             let mut i = lists.by_addr.get(&addr).map_or(0, VecDeque::len);
             let mut taken = None;
-            // The newest parked socket of another worker, if this one has none.
+            // The newest parked socket of another worker (its number), if this one has
+            // none.
             let mut other = None;
             while i > 0 {
                 i -= 1;
@@ -418,17 +419,15 @@ impl ConnPool {
                 };
                 if self.is_done(entry, now) {
                     dropped.extend(lists.remove(addr, i));
-                    // Entries after `i` moved down by one.
-                    other = other.map(|j: usize| j - 1);
                 } else if entry.worker == worker && entry.held.is_ready() {
                     taken = lists.remove(addr, i).map(|idle| idle.held);
                     break;
                 } else if other.is_none() && worker != 0 && matches!(entry.held, Held::Parked(_)) {
-                    other = Some(i);
+                    other = Some(entry.seq);
                 }
             }
             let adopted = match (&taken, other) {
-                (None, Some(j)) => lists.remove(addr, j).map(|idle| idle.held),
+                (None, Some(seq)) => lists.remove_seq(addr, seq).map(|idle| idle.held),
                 _ => None,
             };
             self.metrics.set_idle(lists.len(), lists.parked());
