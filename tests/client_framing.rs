@@ -234,3 +234,45 @@ async fn the_head_of_a_slow_body_goes_out_before_the_body() {
         String::from_utf8_lossy(&data)
     );
 }
+
+/// A small first body frame goes out copied behind the head in one `send`, a larger one
+/// with the head in one `writev` (`serve_h1.rs`): bodies on either side of that limit,
+/// with a length and chunked, arrive whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_either_side_of_the_copy_limit_arrive_whole() {
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| b'a' + (i % 26) as u8).collect()
+    }
+    let dir = TempDir::new("copy-limit");
+    let pod = scripted_backend(None, |head, _| {
+        let mut parts = head.path().trim_start_matches('/').split('/');
+        let kind = parts.next().unwrap_or_default().to_string();
+        let len: usize = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let body = pattern(len);
+        let mut answer = if kind == "chunked" {
+            format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{len:x}\r\n").into_bytes()
+        } else {
+            format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n").into_bytes()
+        };
+        answer.extend_from_slice(&body);
+        if kind == "chunked" {
+            answer.extend_from_slice(b"\r\n0\r\n\r\n");
+        }
+        Script::send(answer)
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod.addr)], &[]).await;
+    for kind in ["length", "chunked"] {
+        for len in [1, 100, 4095, 4096, 4097, 10_000, 200_000] {
+            let request = format!(
+                "GET /{kind}/{len} HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n"
+            );
+            let reply = exchange(proxima.proxy, request.as_bytes())
+                .await
+                .unwrap_or_else(|| panic!("no answer to {request:?}"));
+            assert_eq!(reply.status, 200, "{kind} {len}: {}", reply.head);
+            assert_eq!(reply.body.len(), len, "{kind} {len}: {}", reply.head);
+            assert!(reply.body == pattern(len), "{kind} {len}: the bytes differ");
+        }
+    }
+}
