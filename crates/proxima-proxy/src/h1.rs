@@ -198,7 +198,11 @@ pub(crate) async fn exchange<B>(
     }
     written?;
     let head_request = req.method() == Method::HEAD;
-    let mut buf = BytesMut::new();
+    // No buffer while the pod has not answered: an exchange that waits holds none.
+    std::future::poll_fn(|cx| stream.poll_read_ready(cx))
+        .await
+        .map_err(H1Error::Read)?;
+    let mut buf = READ_SPARE.with(Cell::take).unwrap_or_default();
     let mut drained = false;
     loop {
         let had = buf.len();
@@ -216,6 +220,10 @@ pub(crate) async fn exchange<B>(
         // a time from making the parse quadratic.
         if buf[had..].contains(&b'\n') {
             if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
+                // What is left of the buffer (nothing, its allocation shared with the
+                // head and body just split off) is the next exchange's: once those are
+                // dropped, its `reserve` takes the allocation back instead of making one.
+                READ_SPARE.with(|spare| spare.set(Some(buf)));
                 return Ok(head.into_response(stream, drained));
             }
         }
@@ -228,6 +236,10 @@ pub(crate) async fn exchange<B>(
 thread_local! {
     /// A buffer for request heads, reused by the exchanges of the thread.
     static HEAD_SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The read buffer of the thread's last response head, for the next one (see
+    /// `exchange`). Taken only once the pod's answer is there, so one usually serves
+    /// every exchange of the thread in turn.
+    static READ_SPARE: Cell<Option<BytesMut>> = const { Cell::new(None) };
 }
 
 /// Request heads larger than this do not keep their buffer for the next exchange.
@@ -1734,6 +1746,64 @@ mod tests {
         assert_eq!(data, b"abc");
         assert_eq!(trailers.unwrap()["x-t"], "2");
         assert!(body.reusable().is_some());
+    }
+
+    #[tokio::test]
+    async fn the_read_buffer_is_reused_only_once_the_answer_it_held_is_dropped() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Bodies that nearly fill a read: each exchange needs the whole buffer again.
+        const LEN: usize = READ_SIZE - 1024;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            for fill in [b'a', b'b', b'c'] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let _ = socket.read(&mut [0; 1024]).await.unwrap();
+                let mut bytes =
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\n\r\n").into_bytes();
+                bytes.resize(bytes.len() + LEN, fill);
+                socket.write_all(&bytes).await.unwrap();
+                held.push(socket); // open: the exchange must not wait for a close
+            }
+            std::future::pending::<()>().await;
+        });
+        /// The first frame (its bytes as they lie in the read buffer), after checking
+        /// that the whole body is `fill`.
+        async fn first_frame_of(addr: std::net::SocketAddr, fill: u8) -> Bytes {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            let req = Request::builder().uri("/").body(()).unwrap();
+            let mut body = exchange(stream, &req, 10).await.unwrap().into_body();
+            let mut frames = Vec::new();
+            while let Some(frame) = std::future::poll_fn(|cx| body.poll_frame(cx)).await {
+                frames.push(frame.unwrap().into_data().unwrap());
+            }
+            assert_eq!(frames.iter().map(Bytes::len).sum::<usize>(), LEN);
+            assert!(frames.iter().all(|f| f.iter().all(|&x| x == fill)));
+            frames.swap_remove(0)
+        }
+        let a = first_frame_of(addr, b'a').await;
+        let first_at = a.as_ptr();
+        drop(a);
+        // What is left of its read buffer waits for the next exchange of the thread.
+        let spare_at = READ_SPARE.with(|spare| {
+            let buf = spare.take().expect("the read buffer is kept");
+            let at = buf.as_ptr();
+            spare.set(Some(buf));
+            at
+        });
+        assert_eq!(spare_at, first_at.wrapping_add(LEN));
+        // The first answer is gone: the second is read into the same allocation.
+        let b = first_frame_of(addr, b'b').await;
+        assert_eq!(b.as_ptr(), first_at, "the buffer was not reused");
+        // The second is still held: the third gets a buffer of its own, and the second's
+        // bytes stay as they were.
+        let c = first_frame_of(addr, b'c').await;
+        assert_ne!(c.as_ptr(), b.as_ptr());
+        assert!(
+            b.iter().all(|&x| x == b'b'),
+            "the second answer was overwritten"
+        );
     }
 
     #[test]
