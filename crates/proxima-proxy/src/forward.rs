@@ -154,7 +154,7 @@ pub(crate) fn attempt<'a>(
         let mut stale = 0;
         loop {
             let pooled = if stale < MAX_STALE {
-                pool.take(addr, Instant::now())
+                pool.take(addr, crate::clock::coarse_now())
             } else {
                 None
             };

@@ -28,6 +28,7 @@
 
 mod balance;
 mod body;
+mod clock;
 mod config;
 mod conn;
 mod conn_service;

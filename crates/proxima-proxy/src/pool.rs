@@ -461,7 +461,8 @@ impl ConnPool {
             self.metrics.idle_closed(IdleCloseReason::EndpointLimit);
             return;
         }
-        let since = Instant::now();
+        // Idle ages are for timeouts of seconds (`clock.rs`).
+        let since = crate::clock::coarse_now();
         let mut closing = Vec::new();
         {
             let mut lists = self.lists();
