@@ -692,8 +692,8 @@ fn with_date(then: impl FnOnce(&[u8])) {
 }
 
 /// The largest first body frame that is copied behind the response head so that both go
-/// in one `send` (measured in `benches/README.md`: a `writev` costs a few hundred
-/// nanoseconds more in the kernel, about what copying 4 KiB costs).
+/// in one `send`: a `writev` costs about 300 ns more in the kernel than a `send`
+/// (`benches/README.md`, tenth round), several times what copying 4 KiB costs.
 const COALESCED_BODY_LIMIT: usize = 4096;
 
 /// Write every byte of `bufs` (empty ones are skipped): a lone buffer with `send`, more
