@@ -692,7 +692,7 @@ mod tests {
                 .build()
                 .unwrap()
         };
-        // Worker 1, on its own thread and runtime, parks a socket to the pod.
+        // The pod, on a runtime of its own.
         let pod_runtime = std::thread::spawn(move || {
             let rt = runtime();
             let addr = rt.block_on(server());
@@ -703,19 +703,23 @@ mod tests {
         let (pod_rt, addr) = pod_runtime;
         let pod = std::thread::spawn(move || pod_rt.block_on(std::future::pending::<()>()));
         let pool = pool_of(ROOMY);
-        let first = pool.clone();
-        std::thread::spawn(move || {
-            runtime().block_on(async {
-                crate::worker::pretend_worker(1);
-                let socket = first
-                    .connect_socket(addr, Duration::from_secs(5))
-                    .await
-                    .unwrap();
-                first.put(addr, Held::Parked(socket));
-            });
-        })
-        .join()
-        .unwrap();
+        // On its own thread and runtime, worker 1 connects to the pod and parks the socket.
+        let park_from_worker_1 = |pool: &Arc<ConnPool>| {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                runtime().block_on(async {
+                    crate::worker::pretend_worker(1);
+                    let socket = pool
+                        .connect_socket(addr, Duration::from_secs(5))
+                        .await
+                        .unwrap();
+                    pool.put(addr, Held::Parked(socket));
+                });
+            })
+            .join()
+            .unwrap();
+        };
+        park_from_worker_1(&pool);
         assert_eq!(pool.idle_to(addr), 1);
 
         // Worker 2, on another thread and runtime, has none of its own: it takes worker
@@ -739,15 +743,10 @@ mod tests {
         assert_eq!(pool.metrics.adopted_count(), 1);
 
         // Off the workers (the prober), another worker's socket is not taken.
+        park_from_worker_1(&pool);
         let third = pool.clone();
         std::thread::spawn(move || {
             runtime().block_on(async {
-                crate::worker::pretend_worker(1);
-                let socket = third
-                    .connect_socket(addr, Duration::from_secs(5))
-                    .await
-                    .unwrap();
-                third.put(addr, Held::Parked(socket));
                 crate::worker::pretend_worker(0);
                 assert!(third.take(addr, Instant::now()).is_none());
             });
