@@ -749,6 +749,9 @@ impl Proxy {
     ) -> impl std::future::Future<Output = Response<ResponseBody>> {
         async move {
             let start = Instant::now();
+            if crate::give_way::request_begins(start) {
+                self.metrics.worker_yielded();
+            }
             let size = header_bytes(req.headers());
             if size > self.config.max_header_bytes {
                 let detail = format!(

@@ -22,7 +22,8 @@
 //! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
 //!   against the pods.
 //! * `workers`: serving on worker threads with a single-threaded runtime each
-//!   ([`serve_on_workers`]).
+//!   ([`serve_on_workers`]); `give_way`: a worker busy for a while yields the CPU
+//!   once, so a sibling queued on its CPU is not held to the kernel's next tick.
 
 #![warn(missing_docs)]
 
@@ -35,6 +36,7 @@ mod conn_service;
 mod connect;
 mod forward;
 mod gate;
+mod give_way;
 mod h1;
 mod headers;
 mod metrics;
@@ -61,6 +63,7 @@ pub use prometheus;
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
 pub use connect::connect_from;
+pub use give_way::DEFAULT_LIMIT as DEFAULT_YIELD_AFTER;
 #[doc(hidden)]
 pub use h1::decode_for_fuzzing;
 pub use h1::{H1Error, UpstreamError};
@@ -69,7 +72,7 @@ pub use prober::run_prober;
 pub use serve_h1::parse_request_for_fuzzing;
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
-pub use workers::{serve_on_workers, Workers};
+pub use workers::{serve_on_workers, WorkerCpus, WorkerOptions, Workers};
 
 use pool::{ConnPool, PoolBounds};
 use stall::StallMeter;

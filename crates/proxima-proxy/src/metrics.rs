@@ -16,6 +16,7 @@
 //! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
 //! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
 //! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
+//! | `proxima_worker_yields_total` | | times a data-plane worker, busy without a sleep for `--worker-yield-after`, gave its CPU away once (`give_way.rs`) |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
@@ -145,6 +146,7 @@ pub struct Metrics {
     pool: PoolMetrics,
     shed: IntCounter,
     handed_over: IntCounter,
+    worker_yields: IntCounter,
 }
 
 /// Why the connection pool closed an idle connection
@@ -465,6 +467,11 @@ impl Metrics {
             "Requests answered 503 at once because the most requests allowed in flight were.",
         )?;
         registry.register(Box::new(shed.clone()))?;
+        let worker_yields = IntCounter::new(
+            "proxima_worker_yields_total",
+            "Times a data-plane worker, busy without a sleep for --worker-yield-after, gave its CPU away once.",
+        )?;
+        registry.register(Box::new(worker_yields.clone()))?;
         let services: Arc<ServiceMap> = Arc::new(ArcSwap::from_pointee(FastMap::default()));
         registry.register(Box::new(EndpointCounters::new(
             services.clone(),
@@ -479,7 +486,18 @@ impl Metrics {
             pool,
             shed,
             handed_over,
+            worker_yields,
         })
+    }
+
+    /// The counter of workers giving their CPU away (`give_way.rs`).
+    pub(crate) fn worker_yields(&self) -> IntCounter {
+        self.worker_yields.clone()
+    }
+
+    /// Count a worker giving its CPU away (`give_way.rs`).
+    pub(crate) fn worker_yielded(&self) {
+        self.worker_yields.inc();
     }
 
     /// Count a client connection handed to another worker (`balance.rs`).

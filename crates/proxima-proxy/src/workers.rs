@@ -17,29 +17,73 @@
 //!   pool tags them, see `pool.rs`): handing one to another thread would turn every
 //!   request into two cross-thread wake-ups;
 //! * each worker measures its own scheduling lag (`stall.rs`), since a stall of one
-//!   worker is not one of the others, and its requests read that meter.
+//!   worker is not one of the others, and its requests read that meter;
+//! * a worker that has run for a while without sleeping gives the CPU away once
+//!   (`give_way.rs`), so that a sibling queued behind it on the same CPU does not wait
+//!   for the kernel's next tick; where the proxy may own its CPUs, each worker can be
+//!   pinned to one instead ([`WorkerCpus::Pinned`]).
 //!
 //! The control plane (discovery, admin server, probes) stays on the caller's runtime.
 
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::balance::{Balance, Member};
 use crate::stall::StallMeter;
 use crate::Proxy;
 
-/// Serve `listener` on `workers` threads (at least one), each with its own
-/// single-threaded runtime (see the module docs). Each worker stops accepting when the
-/// future `stop()` gives it resolves and then finishes as [`serve`](crate::serve)
-/// does. [`Workers::join`] waits for them all.
+/// Which CPUs the workers run on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkerCpus {
+    /// Any CPU the process may use; the kernel places and moves them (the default: on an
+    /// edge node the proxy shares its CPUs with the workloads).
+    #[default]
+    Shared,
+    /// Worker `n` on the `n`-th CPU the process may use, wrapping around when there are
+    /// more workers than CPUs (nginx's `worker_cpu_affinity auto`, HAProxy's `cpu-map`):
+    /// for a proxy given CPUs of its own (Kubernetes' static CPU manager), where it
+    /// keeps two workers from queueing on one CPU while another runs something else.
+    Pinned,
+}
+
+/// How the data-plane workers run.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerOptions {
+    /// How many workers (at least one is started).
+    pub count: usize,
+    /// Which CPUs they run on.
+    pub cpus: WorkerCpus,
+    /// Busy time without a sleep after which a worker gives the CPU away once
+    /// (`give_way.rs`); `None` or zero: never. Unused by a lone worker and by workers
+    /// pinned one per CPU, which have no sibling to give way to.
+    pub yield_after: Option<Duration>,
+}
+
+impl WorkerOptions {
+    /// `count` workers on shared CPUs, giving way after
+    /// [`DEFAULT_YIELD_AFTER`](crate::DEFAULT_YIELD_AFTER).
+    pub fn new(count: usize) -> Self {
+        Self {
+            count,
+            cpus: WorkerCpus::Shared,
+            yield_after: Some(crate::give_way::DEFAULT_LIMIT),
+        }
+    }
+}
+
+/// Serve `listener` on worker threads (at least one), each with its own single-threaded
+/// runtime (see the module docs). Each worker stops accepting when the future `stop()`
+/// gives it resolves and then finishes as [`serve`](crate::serve) does.
+/// [`Workers::join`] waits for them all.
 pub fn serve_on_workers<S, F>(
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
-    workers: usize,
+    options: WorkerOptions,
     stop: S,
 ) -> io::Result<Workers>
 where
@@ -48,7 +92,18 @@ where
 {
     listener.set_nonblocking(true)?;
     proxy.pool.serve_on_workers();
-    let workers = workers.max(1);
+    let workers = options.count.max(1);
+    let cpus = match options.cpus {
+        WorkerCpus::Shared => Vec::new(),
+        WorkerCpus::Pinned => affinity::allowed_cpus().unwrap_or_else(|error| {
+            warn!(%error, "cannot read the CPUs this process may use; workers are not pinned");
+            Vec::new()
+        }),
+    };
+    // Giving way is for a sibling worker queued on the same CPU: there is none for a
+    // lone worker, nor for workers pinned one per CPU.
+    let alone = workers == 1 || (!cpus.is_empty() && workers <= cpus.len());
+    let yield_after = options.yield_after.filter(|_| !alone);
     let mut done = Vec::with_capacity(workers);
     let seats = Balance::seats(workers);
     for (n, seat) in (1..=workers).zip(seats) {
@@ -56,14 +111,28 @@ where
         let proxy = proxy.clone();
         let stop = stop();
         let (tx, rx) = oneshot::channel();
+        let cpu = (!cpus.is_empty()).then(|| cpus[(n - 1) % cpus.len()]);
         std::thread::Builder::new()
             .name(format!("proxima-worker-{n}"))
             .spawn(move || {
-                let _ = tx.send(run_worker(n as u32, proxy, listener, seat, stop));
+                if let Some(cpu) = cpu {
+                    match affinity::pin_current_thread(cpu) {
+                        Ok(()) => info!(worker = n, cpu, "proxy worker pinned"),
+                        Err(error) => warn!(worker = n, cpu, %error, "proxy worker not pinned"),
+                    }
+                }
+                let _ = tx.send(run_worker(
+                    n as u32,
+                    proxy,
+                    listener,
+                    seat,
+                    yield_after,
+                    stop,
+                ));
             })?;
         done.push(rx);
     }
-    info!(workers, "proxy workers started");
+    info!(workers, cpus = ?options.cpus, ?yield_after, "proxy workers started");
     Ok(Workers { done })
 }
 
@@ -95,10 +164,19 @@ fn run_worker(
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
     seat: Member,
+    yield_after: Option<Duration>,
     stop: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
+    crate::give_way::enter(yield_after);
+    let yields = proxy.metrics.worker_yields();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(move || {
+            if crate::give_way::before_wait() {
+                yields.inc();
+            }
+        })
+        .on_thread_unpark(crate::give_way::after_wait)
         .build()?;
     runtime.block_on(async move {
         let stall = Arc::new(StallMeter::new());
@@ -109,4 +187,65 @@ fn run_worker(
         crate::worker::enter(None);
         served
     })
+}
+
+/// Reading and setting which CPUs a thread may run on (Linux: `sched_getaffinity`,
+/// `sched_setaffinity`).
+mod affinity {
+    use std::io;
+
+    /// The CPUs the calling thread may run on, in ascending order.
+    #[cfg(target_os = "linux")]
+    pub(super) fn allowed_cpus() -> io::Result<Vec<usize>> {
+        // SAFETY: a zeroed cpu_set_t is an empty set; the kernel writes at most its size.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: `set` is valid and writable for `size` bytes; 0 is the calling thread.
+        if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect();
+        if cpus.is_empty() {
+            return Err(io::Error::other("the affinity mask is empty"));
+        }
+        Ok(cpus)
+    }
+
+    /// Let the calling thread run on `cpu` only.
+    #[cfg(target_os = "linux")]
+    pub(super) fn pin_current_thread(cpu: usize) -> io::Result<()> {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::other(format!(
+                "CPU {cpu} is past the largest set"
+            )));
+        }
+        // SAFETY: as above; `cpu` is below CPU_SETSIZE.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: `set` is a valid set of `size` bytes; 0 is the calling thread.
+        if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn allowed_cpus() -> io::Result<Vec<usize>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "pinning workers to CPUs needs Linux",
+        ))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn pin_current_thread(_cpu: usize) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "pinning workers to CPUs needs Linux",
+        ))
+    }
 }

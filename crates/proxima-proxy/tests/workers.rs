@@ -17,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use proxima_core::{Endpoint, Router, ServiceKey, ServiceSettings, ServiceSpec, Update};
 use proxima_proxy::prometheus::Registry;
-use proxima_proxy::{Metrics, Proxy, ProxyConfig};
+use proxima_proxy::{Metrics, Proxy, ProxyConfig, WorkerCpus, WorkerOptions};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -50,6 +50,10 @@ async fn counting_server() -> (SocketAddr, Arc<Mutex<HashSet<SocketAddr>>>) {
 }
 
 fn proxy(backend: SocketAddr) -> Arc<Proxy> {
+    proxy_in(backend, &Registry::new())
+}
+
+fn proxy_in(backend: SocketAddr, registry: &Registry) -> Arc<Proxy> {
     let router = Arc::new(Router::new(None));
     let (settings, errors) = ServiceSettings::from_pairs([("latency-slo", "1s")]);
     assert!(errors.is_empty(), "{errors:?}");
@@ -63,7 +67,7 @@ fn proxy(backend: SocketAddr) -> Arc<Proxy> {
         }],
         Instant::now(),
     );
-    let metrics = Arc::new(Metrics::new(&Registry::new()).unwrap());
+    let metrics = Arc::new(Metrics::new(registry).unwrap());
     Proxy::new(router, metrics, ProxyConfig::default())
 }
 
@@ -91,20 +95,97 @@ async fn gets(proxy: SocketAddr, count: usize) -> Vec<String> {
     bodies
 }
 
+/// The tests read this process's worker threads from `/proc`: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// CPUs in a `/proc` list such as `0-3,6`.
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(first.parse::<usize>().unwrap()..=last.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+fn allowed_cpus(status: &str) -> Vec<usize> {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc status");
+    cpu_list(line)
+}
+
+/// The CPUs each of this process's proxy worker threads may run on (thread names are
+/// cut to 15 bytes, `proxima-worker-`).
+fn worker_thread_cpus() -> Vec<Vec<usize>> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("proxima-worker") {
+            if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+                found.push(allowed_cpus(&status));
+            }
+        }
+    }
+    found
+}
+
+/// The CPUs of each worker thread once `settled` holds for them (threads name and pin
+/// themselves once started); what was last seen after five seconds.
+async fn worker_cpus_once(settled: impl Fn(&[Vec<usize>]) -> bool) -> Vec<Vec<usize>> {
+    let mut seen = worker_thread_cpus();
+    for _ in 0..100 {
+        if settled(&seen) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = worker_thread_cpus();
+    }
+    seen
+}
+
+/// Wait until the worker threads of an earlier test have exited.
+async fn no_worker_threads() {
+    let left = worker_cpus_once(|threads| threads.is_empty()).await;
+    assert!(
+        left.is_empty(),
+        "worker threads of an earlier test are still running"
+    );
+}
+
+fn stopper(
+    stopped: &watch::Receiver<bool>,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    let stopped = stopped.clone();
+    move || {
+        let mut stopped = stopped.clone();
+        Box::pin(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    no_worker_threads().await;
     let (backend, upstream_peers) = counting_server().await;
     let proxy = proxy(backend);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = watch::channel(false);
-    let workers = proxima_proxy::serve_on_workers(proxy.clone(), listener, 3, || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    })
+    let workers = proxima_proxy::serve_on_workers(
+        proxy.clone(),
+        listener,
+        WorkerOptions::new(3),
+        stopper(&stopped),
+    )
     .unwrap();
+    // Shared CPUs: every worker may run wherever the process may.
+    let process = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let shared = worker_cpus_once(|threads| threads.len() == 3).await;
+    assert_eq!(shared, vec![process; 3]);
 
     // Eight client connections at once, twenty requests each.
     let clients: Vec<_> = (0..8).map(|_| tokio::spawn(gets(addr, 20))).collect();
@@ -143,4 +224,96 @@ async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() 
         TcpStream::connect(addr).await.is_err(),
         "the listener is closed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_workers_take_the_processs_cpus_in_turn_and_busy_workers_give_way() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    no_worker_threads().await;
+    let (backend, _) = counting_server().await;
+    let registry = Registry::new();
+    let proxy = proxy_in(backend, &registry);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let process = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    // One worker more than the process has CPUs: the last one wraps around.
+    let count = process.len() + 1;
+    let options = WorkerOptions {
+        count,
+        cpus: WorkerCpus::Pinned,
+        // Any busy time at all: every worker gives way at its first chance.
+        yield_after: Some(Duration::from_nanos(1)),
+    };
+    let workers =
+        proxima_proxy::serve_on_workers(proxy.clone(), listener, options, stopper(&stopped))
+            .unwrap();
+    let pinned = worker_cpus_once(|threads| {
+        threads.len() == count && threads.iter().all(|cpus| cpus.len() == 1)
+    })
+    .await;
+    assert_eq!(pinned.len(), count, "{pinned:?}");
+    let mut pinned: Vec<usize> = pinned
+        .into_iter()
+        .map(|cpus| {
+            assert_eq!(cpus.len(), 1, "a pinned worker runs on one CPU: {cpus:?}");
+            cpus[0]
+        })
+        .collect();
+    pinned.sort_unstable();
+    let mut expected: Vec<usize> = (0..count).map(|n| process[n % process.len()]).collect();
+    expected.sort_unstable();
+    assert_eq!(pinned, expected, "the process may use {process:?}");
+
+    let clients: Vec<_> = (0..4).map(|_| tokio::spawn(gets(addr, 20))).collect();
+    for client in clients {
+        assert_eq!(client.await.unwrap().len(), 20);
+    }
+    let yields = yields(&registry);
+    assert!(yields >= 1.0, "{yields} yields");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), workers.join())
+        .await
+        .expect("every worker stops on the signal")
+        .expect("no worker failed");
+}
+
+/// The yields a registry's metrics counted.
+fn yields(registry: &Registry) -> f64 {
+    registry
+        .gather()
+        .into_iter()
+        .find(|family| family.get_name() == "proxima_worker_yields_total")
+        .map(|family| family.get_metric()[0].get_counter().get_value())
+        .expect("the yield counter is exported")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_worker_has_no_sibling_to_give_way_to() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    no_worker_threads().await;
+    let (backend, _) = counting_server().await;
+    let registry = Registry::new();
+    let proxy = proxy_in(backend, &registry);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let options = WorkerOptions {
+        yield_after: Some(Duration::from_nanos(1)),
+        ..WorkerOptions::new(1)
+    };
+    let workers =
+        proxima_proxy::serve_on_workers(proxy.clone(), listener, options, stopper(&stopped))
+            .unwrap();
+    let clients: Vec<_> = (0..4).map(|_| tokio::spawn(gets(addr, 20))).collect();
+    for client in clients {
+        assert_eq!(client.await.unwrap().len(), 20);
+    }
+    assert_eq!(yields(&registry), 0.0);
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), workers.join())
+        .await
+        .expect("the worker stops on the signal")
+        .expect("no worker failed");
 }

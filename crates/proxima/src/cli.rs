@@ -290,6 +290,30 @@ pub struct ProxyArgs {
         value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: Option<u16>,
 
+    /// Which CPUs the workers run on: `shared`, any the process may use, placed by the
+    /// kernel; or `pinned`, worker n on the n-th of them (nginx's `worker_cpu_affinity
+    /// auto`), for a proxy given CPUs of its own.
+    #[arg(
+        long,
+        env = "PROXIMA_WORKER_CPUS",
+        value_enum,
+        default_value_t = WorkerCpusArg::Shared,
+        value_name = "PLACEMENT"
+    )]
+    pub worker_cpus: WorkerCpusArg,
+
+    /// A worker that has run this long without sleeping gives its CPU away once, so
+    /// that another worker queued on the same CPU is not held until the kernel's next
+    /// tick. 0 turns it off; a lone worker, or workers pinned one per CPU, never yield.
+    #[arg(
+        long,
+        env = "PROXIMA_WORKER_YIELD_AFTER",
+        default_value = "500us",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    pub worker_yield_after: Duration,
+
     /// How long an idle keep-alive connection to a pod is kept for reuse.
     #[arg(
         long,
@@ -607,6 +631,15 @@ fn parse_count(
         })
 }
 
+/// Which CPUs the data-plane workers run on (`--worker-cpus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkerCpusArg {
+    /// Any CPU the process may use; the kernel places them.
+    Shared,
+    /// Worker n on the n-th CPU the process may use.
+    Pinned,
+}
+
 /// Where node CPU and memory usage comes from (`--usage-source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UsageSource {
@@ -731,6 +764,19 @@ impl ProxyArgs {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| n > 0)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// How the data-plane workers run: `--workers`, `--worker-cpus`,
+    /// `--worker-yield-after`.
+    pub fn worker_options(&self) -> proxima_proxy::WorkerOptions {
+        proxima_proxy::WorkerOptions {
+            count: self.worker_count(),
+            cpus: match self.worker_cpus {
+                WorkerCpusArg::Shared => proxima_proxy::WorkerCpus::Shared,
+                WorkerCpusArg::Pinned => proxima_proxy::WorkerCpus::Pinned,
+            },
+            yield_after: Some(self.worker_yield_after).filter(|d| !d.is_zero()),
+        }
     }
 
     /// The data plane's settings from these flags (the connection budget resolved).
@@ -931,6 +977,41 @@ mod tests {
             Cli::try_parse_from(["proxima", "run", "--discovery", "kube", "--workers", "0"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn worker_placement_and_yield_flags_become_the_worker_options() {
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["proxima", "run", "--discovery", "kube", "--workers", "2"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|cli| cli.command) {
+                Ok(Command::Run(args)) => Ok(args.serve.proxy.worker_options()),
+                Ok(_) => panic!("expected run"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let defaults = run(&[]).unwrap();
+        assert_eq!(defaults.count, 2);
+        assert_eq!(defaults.cpus, proxima_proxy::WorkerCpus::Shared);
+        assert_eq!(
+            defaults.yield_after,
+            Some(proxima_proxy::DEFAULT_YIELD_AFTER)
+        );
+
+        let set = run(&["--worker-cpus", "pinned", "--worker-yield-after", "500us"]).unwrap();
+        assert_eq!(set.cpus, proxima_proxy::WorkerCpus::Pinned);
+        assert_eq!(set.yield_after, Some(Duration::from_micros(500)));
+
+        let off = run(&["--worker-yield-after", "0s"]).unwrap();
+        assert_eq!(off.yield_after, None, "zero turns yielding off");
+
+        let wrong = run(&["--worker-cpus", "some"]).unwrap_err();
+        assert!(
+            wrong.contains("shared") && wrong.contains("pinned"),
+            "{wrong}"
+        );
+        let wrong = run(&["--worker-yield-after", "fast"]).unwrap_err();
+        assert!(wrong.contains("not a duration"), "{wrong}");
     }
 
     #[test]

@@ -226,7 +226,7 @@ pub async fn serve(
         .spawn(args, discovery, router.clone(), &mut tasks, shutdown)
         .await;
     let proxy = Proxy::new(router, metrics, args.config());
-    let workers = args.worker_count();
+    let workers = args.worker_options();
     let serving = proxy_listener.into_std().and_then(|listener| {
         proxima_proxy::serve_on_workers(proxy.clone(), listener, workers, || shutdown.wait())
     });
