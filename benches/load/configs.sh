@@ -16,8 +16,16 @@ stop_work() {
     rm -rf "$WORK"
 }
 
-# Reads: WORK WORKERS ORIGIN_WORKERS ORIGIN_PORT NGINX_PORT HAPROXY_PORT CONNECTIONS.
+# Reads: WORK WORKERS ORIGIN_WORKERS ORIGIN_PORT NGINX_PORT HAPROXY_PORT CONNECTIONS,
+# and PIN_CPUS (yes: each proxy's workers one per CPU, nginx's `worker_cpu_affinity
+# auto`, HAProxy's `cpu-map`; the origin is never pinned).
 write_configs() {
+local nginx_pin="" haproxy_pin=""
+if [[ ${PIN_CPUS:-no} == yes ]]; then
+    ((WORKERS <= $(nproc))) || { echo "PIN_CPUS=yes needs WORKERS <= $(nproc)" >&2; return 1; }
+    nginx_pin="worker_cpu_affinity auto;"
+    haproxy_pin="    cpu-map auto:1/1-$WORKERS 0-$((WORKERS - 1))"
+fi
 mkdir -p "$WORK/tmp"
 nginx_common() { # $1 = name
     cat <<EOF
@@ -56,6 +64,7 @@ EOF
 
 {
     echo "worker_processes $WORKERS;"
+    echo "$nginx_pin"
     nginx_common nginx
     echo "http {"
     nginx_http_common
@@ -81,6 +90,7 @@ EOF
 cat >"$WORK/haproxy.cfg" <<EOF
 global
     nbthread $WORKERS
+$haproxy_pin
     maxconn $((CONNECTIONS * 2 + 1024))
     pidfile $WORK/haproxy.pid
 defaults

@@ -15,6 +15,10 @@
 #   ROUNDS [3]      WORKERS [2] (proxy workers/threads)  ORIGIN_WORKERS [2]
 #   BASE_PORT [18080] (uses BASE_PORT..BASE_PORT+4)
 #   PROXIMA [auto]  auto: include Proxima if `proxima run` exists; skip; require
+#   PIN_CPUS [no]   yes: every proxy's workers pinned one per CPU (nginx
+#                   `worker_cpu_affinity auto`, HAProxy `cpu-map`, Proxima
+#                   `--worker-cpus pinned`); the origin and wrk are not pinned
+#   PROXIMA_ARGS    more flags for `proxima run` (e.g. `--worker-yield-after 0s`)
 #   RESULTS_DIR [benches/load/results]
 set -euo pipefail
 
@@ -27,6 +31,10 @@ WORKERS=${WORKERS:-2}
 ORIGIN_WORKERS=${ORIGIN_WORKERS:-2}
 BASE_PORT=${BASE_PORT:-18080}
 PROXIMA=${PROXIMA:-auto}
+PIN_CPUS=${PIN_CPUS:-no}
+PROXIMA_ARGS=${PROXIMA_ARGS:-}
+PROXIMA_PIN=()
+[[ $PIN_CPUS == yes ]] && PROXIMA_PIN=(--worker-cpus pinned)
 
 ORIGIN_PORT=$BASE_PORT
 NGINX_PORT=$((BASE_PORT + 1))
@@ -143,7 +151,8 @@ start_target() { # $1 = target; sets TARGET_PID (empty for the origin) and TARGE
         TARGET_PORT=$PROXIMA_PORT
         start proxima env TOKIO_WORKER_THREADS="$WORKERS" "$PROXIMA_BIN" run \
             --listen "127.0.0.1:$PROXIMA_PORT" --admin "127.0.0.1:$PROXIMA_ADMIN_PORT" \
-            --discovery "file:$WORK/discovery.yaml" --log-level warn
+            --discovery "file:$WORK/discovery.yaml" --log-level warn \
+            "${PROXIMA_PIN[@]}" $PROXIMA_ARGS
         ;;
     esac
     TARGET_PID=$START_PID
@@ -224,7 +233,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
     echo "# Load comparison, $STAMP"
     echo
     echo "Reverse proxies on 127.0.0.1 in front of one shared origin (nginx, fixed small 200),"
-    echo "keep-alive upstream connections, $WORKERS workers/threads per proxy."
+    echo "keep-alive upstream connections, $WORKERS workers/threads per proxy$([[ $PIN_CPUS == yes ]] && echo ', each pinned to its own CPU (nginx \`worker_cpu_affinity auto\`, HAProxy \`cpu-map\`, Proxima \`--worker-cpus pinned\`)')."
+    [[ -n $PROXIMA_ARGS ]] && echo "Proxima's extra flags: \`$PROXIMA_ARGS\`."
     echo "Load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency -H 'x-service: bench'\`"
     echo "after a $WARMUP warm-up; $ROUNDS round(s), targets interleaved; medians over rounds."
     echo "Errors = non-2xx/3xx responses + socket errors, summed over rounds."
