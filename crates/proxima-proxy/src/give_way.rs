@@ -23,6 +23,9 @@
 //! runnable, the call returns at once. It costs one system call per limit of
 //! uninterrupted work, nothing to a worker that sleeps between requests.
 //!
+//! Only workers that could each have a CPU of their own give way (`workers.rs`,
+//! `gives_way`): with more workers than CPUs, sharing one is their normal state, the
+//! kernel's slices share it fairly, and a yield only sends a worker behind the others.
 //! Pinning each worker to its own CPU (`WorkerCpus::Pinned`, nginx's
 //! `worker_cpu_affinity auto`) avoids the queueing altogether where the proxy may own
 //! CPUs; yielding is for the common case where it shares them.

@@ -59,8 +59,8 @@ pub struct WorkerOptions {
     /// Which CPUs they run on.
     pub cpus: WorkerCpus,
     /// Busy time without a sleep after which a worker gives the CPU away once
-    /// (`give_way.rs`); `None` or zero: never. Unused by a lone worker and by workers
-    /// pinned one per CPU, which have no sibling to give way to.
+    /// (`give_way.rs`); `None` or zero: never. Used only by two or more workers, no
+    /// more than the CPUs, and not pinned (see `gives_way`).
     pub yield_after: Option<Duration>,
 }
 
@@ -93,17 +93,22 @@ where
     listener.set_nonblocking(true)?;
     proxy.pool.serve_on_workers();
     let workers = options.count.max(1);
-    let cpus = match options.cpus {
-        WorkerCpus::Shared => Vec::new(),
-        WorkerCpus::Pinned => affinity::allowed_cpus().unwrap_or_else(|error| {
+    let allowed = affinity::allowed_cpus();
+    let cpus = match (options.cpus, &allowed) {
+        (WorkerCpus::Shared, _) => Vec::new(),
+        (WorkerCpus::Pinned, Ok(allowed)) => allowed.clone(),
+        (WorkerCpus::Pinned, Err(error)) => {
             warn!(%error, "cannot read the CPUs this process may use; workers are not pinned");
             Vec::new()
-        }),
+        }
     };
-    // Giving way is for a sibling worker queued on the same CPU: there is none for a
-    // lone worker, nor for workers pinned one per CPU.
-    let alone = workers == 1 || (!cpus.is_empty() && workers <= cpus.len());
-    let yield_after = options.yield_after.filter(|_| !alone);
+    let cpu_count = allowed.map_or_else(
+        |_| std::thread::available_parallelism().map_or(1, usize::from),
+        |allowed| allowed.len(),
+    );
+    let yield_after = options
+        .yield_after
+        .filter(|_| gives_way(workers, cpu_count, !cpus.is_empty()));
     let mut done = Vec::with_capacity(workers);
     let seats = Balance::seats(workers);
     for (n, seat) in (1..=workers).zip(seats) {
@@ -134,6 +139,18 @@ where
     }
     info!(workers, cpus = ?options.cpus, ?yield_after, "proxy workers started");
     Ok(Workers { done })
+}
+
+/// Whether `workers` workers on `cpus` CPUs give way when busy (`give_way.rs`). Only
+/// when each could have a CPU of its own but they are not pinned: then two of them
+/// queued on one CPU is the kernel's placement, which a yield undoes. A lone worker
+/// has no sibling; pinned workers are never queued together unless there are more
+/// than CPUs; and with more workers than CPUs, sharing a CPU is the normal state, the
+/// kernel's time slices share it fairly, and a yield only sends the worker behind all
+/// the others there (four workers on two CPUs: p99 1.9–2.0 ms without yielding,
+/// 3.6–4.3 ms with it, `benches/README.md`).
+fn gives_way(workers: usize, cpus: usize, pinned: bool) -> bool {
+    workers >= 2 && workers <= cpus && !pinned
 }
 
 /// The running workers of [`serve_on_workers`].
@@ -247,5 +264,20 @@ mod affinity {
             io::ErrorKind::Unsupported,
             "pinning workers to CPUs needs Linux",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gives_way;
+
+    #[test]
+    fn only_unpinned_workers_with_a_cpu_each_give_way() {
+        assert!(!gives_way(1, 4, false), "a lone worker");
+        assert!(gives_way(2, 2, false));
+        assert!(gives_way(2, 8, false));
+        assert!(!gives_way(3, 2, false), "more workers than CPUs");
+        assert!(!gives_way(2, 2, true), "pinned one per CPU");
+        assert!(!gives_way(4, 2, true), "pinned, wrapping around");
     }
 }

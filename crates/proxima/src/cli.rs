@@ -304,7 +304,8 @@ pub struct ProxyArgs {
 
     /// A worker that has run this long without sleeping gives its CPU away once, so
     /// that another worker queued on the same CPU is not held until the kernel's next
-    /// tick. 0 turns it off; a lone worker, or workers pinned one per CPU, never yield.
+    /// tick. 0 turns it off. Only two or more unpinned workers, no more than the CPUs,
+    /// ever yield.
     #[arg(
         long,
         env = "PROXIMA_WORKER_YIELD_AFTER",
