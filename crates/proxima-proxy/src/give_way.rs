@@ -14,14 +14,22 @@
 //! sibling, runnable on the same CPU, waited; one request in ten took over 1.3 ms and
 //! the p99 was 4.5 ms, against HAProxy's 1.7 ms on the same host (whose threads' runs
 //! ended by 2 ms). So a worker keeps a [`BusySpell`]: the time since it last slept
-//! (waited for events and was woken). Once that passes [`DEFAULT_LIMIT`], it calls
-//! `sched_yield` at its next chance: when its runtime has run out of ready tasks and is
+//! (waited for events and was woken). Once that passes [`DEFAULT_LIMIT`], it looks at
+//! its siblings' [`Heartbeats`] (when each last ran: every wait for events, wake-up and
+//! request start is a beat), and if one has not run for as long, calls `sched_yield`.
+//! It does so at its next chance: when its runtime has run out of ready tasks and is
 //! about to wait for events (between batches, nothing half done), or when a request
 //! begins, for a worker whose queue never runs empty. A thread that yields goes behind
 //! the threads runnable on its CPU (EEVDF pushes its deadline back by a slice), so a
 //! sibling waiting there runs now instead of at the next tick; when nothing else is
-//! runnable, the call returns at once. It costs one system call per limit of
-//! uninterrupted work, nothing to a worker that sleeps between requests.
+//! runnable, the call returns at once.
+//!
+//! Looking at the siblings first matters: yielding whenever busy (tried first) also
+//! gave the CPU to the client and the pod while every sibling was running elsewhere,
+//! five to ten times as often, for a higher p99 (2.1–2.7 ms against 1.7–2.0 ms, `wrk
+//! -t2 -c64`). A sibling that is idle, not waiting, looks the same from here; yielding
+//! for it costs one system call per limit of busy time. A worker that sleeps between
+//! requests pays one clock store per wait and request, nothing else.
 //!
 //! Only workers that could each have a CPU of their own give way (`workers.rs`,
 //! `gives_way`): with more workers than CPUs, sharing one is their normal state, the
@@ -30,14 +38,16 @@
 //! `worker_cpu_affinity auto`) avoids the queueing altogether where the proxy may own
 //! CPUs; yielding is for the common case where it shares them.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Busy time after which a worker gives way. Measured with two workers on two CPUs
-/// (`benches/README.md`, eleventh round), p99 against HAProxy's: 1.3× at 1 ms, 0.9×
-/// at 500 µs, and at 300 µs no better but 4% fewer requests per second (each yield
-/// also lets the client and the pod in sooner, in smaller batches). Well below both
-/// the 4 ms tick of a 250 Hz kernel and EEVDF's slice (1.4 ms on two CPUs).
+/// Busy time after which a worker gives way, and how long a sibling must have gone
+/// without running for it to. Measured with two workers on two CPUs, yielding whenever
+/// busy (`benches/README.md`, eleventh round), p99 against HAProxy's: 1.3× at 1 ms,
+/// 0.9× at 500 µs, and at 300 µs no better but 4% fewer requests per second. Well below
+/// both the 4 ms tick of a 250 Hz kernel and EEVDF's slice (1.4 ms on two CPUs).
 pub const DEFAULT_LIMIT: Duration = Duration::from_micros(500);
 
 /// A wait for events that lasted this long was a sleep (the thread was switched out and
@@ -99,48 +109,116 @@ impl BusySpell {
     }
 }
 
-thread_local! {
-    /// The current worker's spell; `None` on threads that are not workers, or whose
-    /// workers do not give way.
-    static SPELL: Cell<Option<BusySpell>> = const { Cell::new(None) };
+/// When each worker last ran, as nanoseconds after a shared epoch: one cache line per
+/// worker, written only by that worker.
+#[derive(Debug)]
+pub(crate) struct Heartbeats {
+    epoch: Instant,
+    beats: Box<[Beat]>,
 }
 
-/// Make the current thread a worker that gives way after `limit` of busy time (`None`:
-/// never).
-pub(crate) fn enter(limit: Option<Duration>) {
-    SPELL.set(limit.filter(|l| !l.is_zero()).map(BusySpell::new));
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Beat(AtomicU64);
+
+impl Heartbeats {
+    /// Heartbeats of `workers` workers, all as of now.
+    pub(crate) fn new(workers: usize) -> Arc<Self> {
+        Arc::new(Self {
+            epoch: Instant::now(),
+            beats: (0..workers).map(|_| Beat::default()).collect(),
+        })
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn beat(&self, worker: usize, now: Instant) {
+        self.beats[worker]
+            .0
+            .store(self.nanos(now), Ordering::Relaxed);
+    }
+
+    /// Whether a worker other than `me` has not run for `limit` up to `now`.
+    fn a_sibling_waits(&self, me: usize, now: Instant, limit: Duration) -> bool {
+        let now = self.nanos(now);
+        let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+        self.beats
+            .iter()
+            .enumerate()
+            .any(|(i, beat)| i != me && now.saturating_sub(beat.0.load(Ordering::Relaxed)) >= limit)
+    }
+}
+
+/// A worker thread's part: its spell, and where it and its siblings beat.
+struct GivingWay {
+    spell: BusySpell,
+    heartbeats: Arc<Heartbeats>,
+    me: usize,
+}
+
+thread_local! {
+    /// The current worker's part; `None` on threads that are not workers, or whose
+    /// workers do not give way.
+    static WORKER: RefCell<Option<GivingWay>> = const { RefCell::new(None) };
+}
+
+/// Make the current thread worker `me` (0-based) of those beating in `heartbeats`,
+/// giving way after `limit` of busy time; `None`: a thread that never gives way.
+pub(crate) fn enter(worker: Option<(Arc<Heartbeats>, usize, Duration)>) {
+    let part = worker
+        .filter(|(_, _, limit)| !limit.is_zero())
+        .map(|(heartbeats, me, limit)| GivingWay {
+            spell: BusySpell::new(limit),
+            heartbeats,
+            me,
+        });
+    WORKER.with(|w| *w.borrow_mut() = part);
 }
 
 /// The runtime's hook before it waits for events (`on_thread_park`). Returns whether it
 /// gave the CPU away.
 pub(crate) fn before_wait() -> bool {
-    step(|spell| spell.waiting(Instant::now()))
+    step(Instant::now(), BusySpell::waiting)
 }
 
 /// The runtime's hook after a wait for events (`on_thread_unpark`).
 pub(crate) fn after_wait() {
-    if let Some(mut spell) = SPELL.get() {
-        spell.woken(Instant::now());
-        SPELL.set(Some(spell));
-    }
+    WORKER.with(|w| {
+        if let Some(part) = w.borrow_mut().as_mut() {
+            let now = Instant::now();
+            part.heartbeats.beat(part.me, now);
+            part.spell.woken(now);
+        }
+    });
 }
 
 /// A request begins on this thread at `now`. Returns whether it gave the CPU away.
 pub(crate) fn request_begins(now: Instant) -> bool {
-    step(|spell| spell.busy(now))
+    step(now, BusySpell::busy)
 }
 
-fn step(decide: impl FnOnce(&mut BusySpell) -> bool) -> bool {
-    let Some(mut spell) = SPELL.get() else {
-        return false;
-    };
-    let gave_way = decide(&mut spell);
-    if gave_way {
-        yield_cpu();
-        spell.restart(Instant::now());
-    }
-    SPELL.set(Some(spell));
-    gave_way
+fn step(now: Instant, overdue: fn(&mut BusySpell, Instant) -> bool) -> bool {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let Some(part) = w.as_mut() else {
+            return false;
+        };
+        part.heartbeats.beat(part.me, now);
+        if !overdue(&mut part.spell, now) {
+            return false;
+        }
+        let waits = part
+            .heartbeats
+            .a_sibling_waits(part.me, now, part.spell.limit);
+        if waits {
+            yield_cpu();
+        }
+        // Given way or not, the next look is a limit from now.
+        part.spell.restart(Instant::now());
+        waits
+    })
 }
 
 fn yield_cpu() {
@@ -225,22 +303,52 @@ mod tests {
         enter(None);
         assert!(!request_begins(Instant::now()));
         assert!(!before_wait());
-        enter(Some(Duration::ZERO));
+        enter(Some((Heartbeats::new(2), 0, Duration::ZERO)));
         assert!(!before_wait());
+        enter(None);
     }
 
     #[test]
-    fn a_worker_thread_gives_way_through_its_hooks() {
-        enter(Some(us(200)));
+    fn a_sibling_waits_when_it_has_not_beaten_for_the_limit() {
+        let heartbeats = Heartbeats::new(3);
+        let t0 = heartbeats.epoch;
+        for worker in 0..3 {
+            heartbeats.beat(worker, t0 + us(1_000));
+        }
+        // Worker 0 at 1.4 ms: everyone ran 400 µs ago.
+        assert!(!heartbeats.a_sibling_waits(0, t0 + us(1_400), us(500)));
+        // Workers 0 and 1 run on; worker 2 last ran at 1 ms.
+        heartbeats.beat(1, t0 + us(1_500));
+        assert!(heartbeats.a_sibling_waits(0, t0 + us(1_500), us(500)));
+        assert!(heartbeats.a_sibling_waits(1, t0 + us(1_500), us(500)));
+        // Worker 2 itself only looks at the others.
+        heartbeats.beat(0, t0 + us(1_500));
+        assert!(!heartbeats.a_sibling_waits(2, t0 + us(1_600), us(500)));
+    }
+
+    #[test]
+    fn a_busy_worker_gives_way_only_to_a_sibling_that_has_not_run() {
+        let heartbeats = Heartbeats::new(2);
+        // Limits of milliseconds, so that a preempted test thread does not change the answers.
+        enter(Some((heartbeats.clone(), 0, Duration::from_millis(20))));
         assert!(!before_wait());
         after_wait();
-        let busy_until = Instant::now() + us(500);
-        while Instant::now() < busy_until {
-            std::hint::spin_loop();
-        }
+        spin(Duration::from_millis(30));
+        // The sibling (worker 1) beat just now: it runs elsewhere, no need to yield.
+        heartbeats.beat(1, Instant::now());
+        assert!(!request_begins(Instant::now()));
+        // The look restarted the spell: a limit later, and the sibling silent since.
+        spin(Duration::from_millis(30));
         assert!(request_begins(Instant::now()));
-        // The spell restarted when it gave way.
+        // Given way: the spell restarted again.
         assert!(!request_begins(Instant::now()));
         enter(None);
+    }
+
+    fn spin(time: Duration) {
+        let until = Instant::now() + time;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
     }
 }

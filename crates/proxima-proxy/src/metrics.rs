@@ -16,7 +16,7 @@
 //! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
 //! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
 //! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
-//! | `proxima_worker_yields_total` | | times a data-plane worker, busy without a sleep for `--worker-yield-after`, gave its CPU away once (`give_way.rs`) |
+//! | `proxima_worker_yields_total` | | times a data-plane worker, busy without a sleep for `--worker-yield-after` while a sibling worker had not run for as long, gave its CPU away once (`give_way.rs`) |
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
@@ -469,7 +469,7 @@ impl Metrics {
         registry.register(Box::new(shed.clone()))?;
         let worker_yields = IntCounter::new(
             "proxima_worker_yields_total",
-            "Times a data-plane worker, busy without a sleep for --worker-yield-after, gave its CPU away once.",
+            "Times a data-plane worker, busy without a sleep for --worker-yield-after while a sibling worker had not run for as long, gave its CPU away once.",
         )?;
         registry.register(Box::new(worker_yields.clone()))?;
         let services: Arc<ServiceMap> = Arc::new(ArcSwap::from_pointee(FastMap::default()));

@@ -111,10 +111,12 @@ where
         .filter(|_| gives_way(workers, cpu_count, !cpus.is_empty()));
     let mut done = Vec::with_capacity(workers);
     let seats = Balance::seats(workers);
+    let heartbeats = crate::give_way::Heartbeats::new(workers);
     for (n, seat) in (1..=workers).zip(seats) {
         let listener = listener.try_clone()?;
         let proxy = proxy.clone();
         let stop = stop();
+        let giving_way = yield_after.map(|limit| (heartbeats.clone(), n - 1, limit));
         let (tx, rx) = oneshot::channel();
         let cpu = (!cpus.is_empty()).then(|| cpus[(n - 1) % cpus.len()]);
         std::thread::Builder::new()
@@ -126,14 +128,8 @@ where
                         Err(error) => warn!(worker = n, cpu, %error, "proxy worker not pinned"),
                     }
                 }
-                let _ = tx.send(run_worker(
-                    n as u32,
-                    proxy,
-                    listener,
-                    seat,
-                    yield_after,
-                    stop,
-                ));
+                crate::give_way::enter(giving_way);
+                let _ = tx.send(run_worker(n as u32, proxy, listener, seat, stop));
             })?;
         done.push(rx);
     }
@@ -181,10 +177,8 @@ fn run_worker(
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
     seat: Member,
-    yield_after: Option<Duration>,
     stop: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
-    crate::give_way::enter(yield_after);
     let yields = proxy.metrics.worker_yields();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

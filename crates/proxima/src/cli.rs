@@ -302,9 +302,9 @@ pub struct ProxyArgs {
     )]
     pub worker_cpus: WorkerCpusArg,
 
-    /// A worker that has run this long without sleeping gives its CPU away once, so
-    /// that another worker queued on the same CPU is not held until the kernel's next
-    /// tick. 0 turns it off. Only two or more unpinned workers, no more than the CPUs,
+    /// A worker that has run this long without sleeping, while another worker has not
+    /// run for as long, gives its CPU away once, so that a worker queued on the same
+    /// CPU is not held until the kernel's next tick. 0 turns it off. Only two or more unpinned workers, no more than the CPUs,
     /// ever yield.
     #[arg(
         long,
