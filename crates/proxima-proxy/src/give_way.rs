@@ -54,8 +54,8 @@ pub const DEFAULT_LIMIT: Duration = Duration::from_micros(500);
 /// woken). A wait that found events ready returns in a few microseconds.
 const SLEPT: Duration = Duration::from_micros(20);
 
-/// How long a worker has run without sleeping, and when it should give way (see the
-/// module docs). Pure: the caller passes the time in.
+/// How long a worker has run without sleeping, and when it is time to look at its
+/// siblings (see the module docs). Pure: the caller passes the time in.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BusySpell {
     limit: Duration,
@@ -75,8 +75,8 @@ impl BusySpell {
         }
     }
 
-    /// The worker is about to wait for events at `now`. `true`: give the CPU away first
-    /// (and then call [`restart`](Self::restart)).
+    /// The worker is about to wait for events at `now`. `true`: it has been busy past
+    /// its limit, time to look at its siblings (and then [`restart`](Self::restart)).
     pub(crate) fn waiting(&mut self, now: Instant) -> bool {
         self.waiting_since = Some(now);
         self.overdue(now)
@@ -92,13 +92,14 @@ impl BusySpell {
         }
     }
 
-    /// The worker is busy at `now` (a request begins). `true`: give the CPU away (and
-    /// then call [`restart`](Self::restart)).
+    /// The worker is busy at `now` (a request begins). `true` as for
+    /// [`waiting`](Self::waiting).
     pub(crate) fn busy(&mut self, now: Instant) -> bool {
         self.overdue(now)
     }
 
-    /// The worker gave the CPU away and has it back at `now`: a new spell begins.
+    /// The worker has looked at its siblings (and given the CPU away if one waited) and
+    /// runs on at `now`: a new spell begins.
     pub(crate) fn restart(&mut self, now: Instant) {
         self.since = Some(now);
     }

@@ -226,28 +226,74 @@ async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() 
     );
 }
 
+/// Workers serving in front of a counting server, with their metrics.
+struct Serving {
+    registry: Registry,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    workers: proxima_proxy::Workers,
+}
+
+impl Serving {
+    /// Workers started with `options`, once those of an earlier test have exited.
+    async fn start(options: WorkerOptions) -> Self {
+        no_worker_threads().await;
+        let (backend, _) = counting_server().await;
+        let registry = Registry::new();
+        let proxy = proxy_in(backend, &registry);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let workers =
+            proxima_proxy::serve_on_workers(proxy, listener, options, stopper(&stopped)).unwrap();
+        Self {
+            registry,
+            addr,
+            stop,
+            workers,
+        }
+    }
+
+    /// Four client connections at once, twenty requests each.
+    async fn load(&self) {
+        let clients: Vec<_> = (0..4).map(|_| tokio::spawn(gets(self.addr, 20))).collect();
+        for client in clients {
+            assert_eq!(client.await.unwrap().len(), 20);
+        }
+    }
+
+    /// The yields the workers counted.
+    fn yields(&self) -> f64 {
+        self.registry
+            .gather()
+            .into_iter()
+            .find(|family| family.get_name() == "proxima_worker_yields_total")
+            .map(|family| family.get_metric()[0].get_counter().get_value())
+            .expect("the yield counter is exported")
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.workers.join())
+            .await
+            .expect("every worker stops on the signal")
+            .expect("no worker failed");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_workers_take_the_processs_cpus_in_turn() {
     let _one = ONE_AT_A_TIME.lock().await;
-    no_worker_threads().await;
-    let (backend, _) = counting_server().await;
-    let registry = Registry::new();
-    let proxy = proxy_in(backend, &registry);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = watch::channel(false);
     let process = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
     // One worker more than the process has CPUs: the last one wraps around.
     let count = process.len() + 1;
-    let options = WorkerOptions {
+    let serving = Serving::start(WorkerOptions {
         count,
         cpus: WorkerCpus::Pinned,
         // Any busy time at all would do, but pinned workers never give way.
         yield_after: Some(Duration::from_nanos(1)),
-    };
-    let workers =
-        proxima_proxy::serve_on_workers(proxy.clone(), listener, options, stopper(&stopped))
-            .unwrap();
+    })
+    .await;
     let pinned = worker_cpus_once(|threads| {
         threads.len() == count && threads.iter().all(|cpus| cpus.len() == 1)
     })
@@ -265,56 +311,23 @@ async fn pinned_workers_take_the_processs_cpus_in_turn() {
     expected.sort_unstable();
     assert_eq!(pinned, expected, "the process may use {process:?}");
 
-    let clients: Vec<_> = (0..4).map(|_| tokio::spawn(gets(addr, 20))).collect();
-    for client in clients {
-        assert_eq!(client.await.unwrap().len(), 20);
-    }
-    assert_eq!(yields(&registry), 0.0);
-
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), workers.join())
-        .await
-        .expect("every worker stops on the signal")
-        .expect("no worker failed");
-}
-
-/// The yields a registry's metrics counted.
-fn yields(registry: &Registry) -> f64 {
-    registry
-        .gather()
-        .into_iter()
-        .find(|family| family.get_name() == "proxima_worker_yields_total")
-        .map(|family| family.get_metric()[0].get_counter().get_value())
-        .expect("the yield counter is exported")
+    serving.load().await;
+    assert_eq!(serving.yields(), 0.0);
+    serving.stop().await;
 }
 
 /// Serve 80 requests on `count` shared workers that give way after any busy time; the
 /// yields counted.
 async fn yields_of_busy_workers(count: usize) -> f64 {
-    no_worker_threads().await;
-    let (backend, _) = counting_server().await;
-    let registry = Registry::new();
-    let proxy = proxy_in(backend, &registry);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = watch::channel(false);
-    let options = WorkerOptions {
+    let serving = Serving::start(WorkerOptions {
         yield_after: Some(Duration::from_nanos(1)),
         ..WorkerOptions::new(count)
-    };
-    let workers =
-        proxima_proxy::serve_on_workers(proxy.clone(), listener, options, stopper(&stopped))
-            .unwrap();
-    let clients: Vec<_> = (0..4).map(|_| tokio::spawn(gets(addr, 20))).collect();
-    for client in clients {
-        assert_eq!(client.await.unwrap().len(), 20);
-    }
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), workers.join())
-        .await
-        .expect("the workers stop on the signal")
-        .expect("no worker failed");
-    yields(&registry)
+    })
+    .await;
+    serving.load().await;
+    let yields = serving.yields();
+    serving.stop().await;
+    yields
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
