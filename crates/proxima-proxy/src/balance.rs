@@ -77,11 +77,21 @@ impl Balance {
 }
 
 /// Where a connection accepted by worker `mine` should be served, given the open
-/// connections of every worker: the least loaded worker when `mine` has at least two
-/// more than it (one more is as even as an odd count allows), else `mine`.
-fn destination(open: &[usize], mine: usize) -> usize {
-    let least = (0..open.len()).min_by_key(|&i| open[i]).unwrap_or(mine);
-    if open[mine] > open[least] + 1 {
+/// connections of every worker in order: the least loaded worker (the first of equals)
+/// when `mine` has at least two more than it (one more is as even as an odd count
+/// allows), else `mine`. Each count is read once, without collecting them.
+fn destination(open: impl IntoIterator<Item = usize>, mine: usize) -> usize {
+    let mut mine_open = 0;
+    let (mut least, mut least_open) = (mine, usize::MAX);
+    for (worker, count) in open.into_iter().enumerate() {
+        if worker == mine {
+            mine_open = count;
+        }
+        if count < least_open {
+            (least, least_open) = (worker, count);
+        }
+    }
+    if mine_open > least_open.saturating_add(1) {
         least
     } else {
         mine
@@ -110,11 +120,8 @@ impl Member {
     /// [`Served`] is dropped), or hand it to a less loaded worker.
     pub(crate) fn place(&self, accepted: Accepted) -> Placed {
         let seats = &self.balance.seats;
-        let open: Vec<usize> = seats
-            .iter()
-            .map(|seat| seat.open.load(Ordering::Relaxed))
-            .collect();
-        let to = destination(&open, self.index);
+        let open = seats.iter().map(|seat| seat.open.load(Ordering::Relaxed));
+        let to = destination(open, self.index);
         if to != self.index {
             seats[to].open.fetch_add(1, Ordering::Relaxed);
             // Out of this worker's reactor; a socket that cannot leave it stays here.
@@ -212,13 +219,14 @@ mod tests {
 
     #[test]
     fn a_connection_moves_only_to_a_worker_with_two_fewer() {
-        assert_eq!(destination(&[0], 0), 0);
-        assert_eq!(destination(&[3, 3], 0), 0);
-        assert_eq!(destination(&[4, 3], 0), 0);
-        assert_eq!(destination(&[5, 3], 0), 1);
-        assert_eq!(destination(&[5, 3, 1], 0), 2);
-        assert_eq!(destination(&[1, 9, 2], 1), 0);
-        assert_eq!(destination(&[2, 9, 2], 2), 2);
+        assert_eq!(destination([0], 0), 0);
+        assert_eq!(destination([3, 3], 0), 0);
+        assert_eq!(destination([4, 3], 0), 0);
+        assert_eq!(destination([5, 3], 0), 1);
+        assert_eq!(destination([5, 1, 1], 0), 1, "the first of equals");
+        assert_eq!(destination([5, 3, 1], 0), 2);
+        assert_eq!(destination([1, 9, 2], 1), 0);
+        assert_eq!(destination([2, 9, 2], 2), 2);
     }
 
     /// A connected pair on loopback: the accepted end and the client's end.
