@@ -485,12 +485,13 @@ async fn respond(
                     }
                     write_all(io, &mut [IoSlice::new(head)]).await?;
                 } else if framing == Framing::Chunked {
-                    let size = format!("{len:x}\r\n");
+                    let mut size = [0; CHUNK_SIZE_LINE];
+                    let size = chunk_size_line(len, &mut size);
                     write_all(
                         io,
                         &mut [
                             IoSlice::new(head_part),
-                            IoSlice::new(size.as_bytes()),
+                            IoSlice::new(size),
                             IoSlice::new(&data),
                             IoSlice::new(b"\r\n"),
                         ],
@@ -504,6 +505,19 @@ async fn respond(
             }
         }
     }
+}
+
+/// Longest chunk-size line: 16 hex digits and CRLF.
+const CHUNK_SIZE_LINE: usize = 18;
+
+/// `len` in hex and CRLF, a chunk's size line (RFC 9112 §7.1), written into `buf`
+/// rather than a new string per frame.
+fn chunk_size_line(len: u64, buf: &mut [u8; CHUNK_SIZE_LINE]) -> &[u8] {
+    let mut cursor = io::Cursor::new(&mut buf[..]);
+    // Cannot fail: a u64 has at most 16 hex digits.
+    let _ = write!(cursor, "{len:x}\r\n");
+    let written = usize::try_from(cursor.position()).unwrap_or(0);
+    &buf[..written]
 }
 
 /// What the response's framing asks of its length fields.
@@ -875,6 +889,14 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn a_chunk_size_line_is_hex_and_crlf_up_to_the_largest_size() {
+        let mut buf = [0; CHUNK_SIZE_LINE];
+        assert_eq!(chunk_size_line(0, &mut buf), b"0\r\n");
+        assert_eq!(chunk_size_line(4097, &mut buf), b"1001\r\n");
+        assert_eq!(chunk_size_line(u64::MAX, &mut buf), b"ffffffffffffffff\r\n");
     }
 
     #[test]
