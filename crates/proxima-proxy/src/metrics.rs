@@ -48,7 +48,7 @@
 //! stay in a prometheus vector that the same collector emits as part of that family.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -259,7 +259,8 @@ struct Vecs {
 /// show up as zero series).
 #[derive(Debug)]
 struct LazyCounter {
-    cell: OnceLock<IntCounter>,
+    /// `None`: first used after its service left the table; it counts nowhere.
+    cell: OnceLock<Option<IntCounter>>,
 }
 
 impl LazyCounter {
@@ -267,10 +268,6 @@ impl LazyCounter {
         Self {
             cell: OnceLock::new(),
         }
-    }
-
-    fn get(&self, vec: &IntCounterVec, labels: &[&str]) -> &IntCounter {
-        self.cell.get_or_init(|| vec.with_label_values(labels))
     }
 }
 
@@ -290,7 +287,11 @@ pub(crate) struct ServiceMetrics {
     abandoned: LazyCounter,
     /// By endpoint id; the key is the endpoint's `endpoint` label value.
     endpoints: ArcSwap<FastMap<Arc<str>, Arc<EndpointMetrics>>>,
+    /// Held to change `endpoints`, to retire the service, and to create a series.
     writer: Mutex<()>,
+    /// The service has left the table and its series are removed: a request still in
+    /// flight must not create them again (they would stay, with nothing to remove them).
+    retired: AtomicBool,
 }
 
 /// The counters of one endpoint of one service, rendered by [`EndpointCounters`] at
@@ -552,6 +553,7 @@ impl Metrics {
             abandoned: LazyCounter::new(),
             endpoints: ArcSwap::from_pointee(FastMap::default()),
             writer: Mutex::new(()),
+            retired: AtomicBool::new(false),
         });
         let mut next = FastMap::clone(&current);
         next.insert(key.clone(), m.clone());
@@ -658,46 +660,67 @@ impl ServiceMetrics {
         } else {
             (&self.slo_missed, "missed")
         };
-        cell.get(&self.vecs.slo, &[&self.label, result]).inc();
+        self.count(cell, &self.vecs.slo, &[&self.label, result]);
     }
 
     pub(crate) fn retry(&self) {
-        self.retries.get(&self.vecs.retries, &[&self.label]).inc();
+        self.count(&self.retries, &self.vecs.retries, &[&self.label]);
+    }
+
+    /// Count one on `cell`, creating its series on first use unless the service has
+    /// been retired (see `retired`).
+    fn count(&self, cell: &LazyCounter, vec: &IntCounterVec, labels: &[&str]) {
+        let counter = cell.cell.get_or_init(|| {
+            let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            (!self.retired.load(Ordering::Relaxed)).then(|| vec.with_label_values(labels))
+        });
+        if let Some(counter) = counter {
+            counter.inc();
+        }
     }
 
     /// An attempt went past the SLO without response headers.
     pub(crate) fn overdue(&self) {
         let labels = [&*self.label, "overdue"];
-        self.overdue.get(&self.vecs.unanswered, &labels).inc();
+        self.count(&self.overdue, &self.vecs.unanswered, &labels);
     }
 
     /// The client gave up on an attempt that was still waiting for response headers.
     pub(crate) fn abandoned(&self) {
         let labels = [&*self.label, "abandoned"];
-        self.abandoned.get(&self.vecs.unanswered, &labels).inc();
+        self.count(&self.abandoned, &self.vecs.unanswered, &labels);
     }
 
     /// A retry the retry budget did not allow.
     pub(crate) fn retry_refused(&self) {
-        self.retries_refused
-            .get(&self.vecs.retries_refused, &[&self.label])
-            .inc();
+        self.count(
+            &self.retries_refused,
+            &self.vecs.retries_refused,
+            &[&self.label],
+        );
     }
 
     pub(crate) fn pick(&self, reason: Reason) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
-        self.picks[i]
-            .get(&self.vecs.picks, &[&self.label, reason.as_str()])
-            .inc();
+        self.count(
+            &self.picks[i],
+            &self.vecs.picks,
+            &[&self.label, reason.as_str()],
+        );
     }
 
     /// Count a request of this service the proxy answered before any endpoint was tried
     /// (unknown port, no endpoints), under `endpoint=""`.
     pub(crate) fn answered(&self, status: http::StatusCode) {
-        self.vecs
-            .requests
-            .with_label_values(&[&self.label, "", status.as_str()])
-            .inc();
+        // An error answer, not the common path: the lock keeps a retired service's
+        // series from coming back.
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.retired.load(Ordering::Relaxed) {
+            self.vecs
+                .requests
+                .with_label_values(&[&self.label, "", status.as_str()])
+                .inc();
+        }
     }
 
     fn forget_endpoints(&self, live: &HashSet<&str>) {
@@ -718,6 +741,8 @@ impl ServiceMetrics {
     }
 
     fn remove_all_series(&self) {
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        self.retired.store(true, Ordering::Relaxed);
         let metrics = &self.vecs;
         for m in self.endpoints.load().values() {
             m.remove_series(metrics);
@@ -1244,5 +1269,19 @@ mod tests {
         metrics.forget_missing(&table_with(&ServiceKey::new("shop", "other"), &[]).table());
         let out = text(&registry);
         assert_eq!(counter_lines(&out), Vec::<&str>::new(), "{out}");
+
+        // Requests still in flight for it count nowhere: neither the series they had
+        // used nor those they use first bring it back.
+        s.answered(http::StatusCode::NOT_FOUND);
+        s.answered(http::StatusCode::SERVICE_UNAVAILABLE);
+        s.slo(true);
+        s.slo(false);
+        s.retry();
+        s.retry_refused();
+        s.overdue();
+        s.abandoned();
+        s.pick(Reason::Pool);
+        let out = text(&registry);
+        assert!(!out.contains("api.shop"), "{out}");
     }
 }
