@@ -181,7 +181,7 @@ pub(crate) fn enter(worker: Option<(Arc<Heartbeats>, usize, Duration)>) {
 /// The runtime's hook before it waits for events (`on_thread_park`). Returns whether it
 /// gave the CPU away.
 pub(crate) fn before_wait() -> bool {
-    step(Instant::now(), BusySpell::waiting)
+    step(Instant::now, BusySpell::waiting)
 }
 
 /// The runtime's hook after a wait for events (`on_thread_unpark`).
@@ -197,15 +197,18 @@ pub(crate) fn after_wait() {
 
 /// A request begins on this thread at `now`. Returns whether it gave the CPU away.
 pub(crate) fn request_begins(now: Instant) -> bool {
-    step(now, BusySpell::busy)
+    step(|| now, BusySpell::busy)
 }
 
-fn step(now: Instant, overdue: fn(&mut BusySpell, Instant) -> bool) -> bool {
+/// `now` is read only on a thread that gives way: a lone worker's runtime parks
+/// without a clock read.
+fn step(now: impl FnOnce() -> Instant, overdue: fn(&mut BusySpell, Instant) -> bool) -> bool {
     WORKER.with(|w| {
         let mut w = w.borrow_mut();
         let Some(part) = w.as_mut() else {
             return false;
         };
+        let now = now();
         part.heartbeats.beat(part.me, now);
         if !overdue(&mut part.spell, now) {
             return false;

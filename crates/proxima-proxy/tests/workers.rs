@@ -49,11 +49,7 @@ async fn counting_server() -> (SocketAddr, Arc<Mutex<HashSet<SocketAddr>>>) {
     (addr, peers)
 }
 
-fn proxy(backend: SocketAddr) -> Arc<Proxy> {
-    proxy_in(backend, &Registry::new())
-}
-
-fn proxy_in(backend: SocketAddr, registry: &Registry) -> Arc<Proxy> {
+fn proxy(backend: SocketAddr, registry: &Registry) -> Arc<Proxy> {
     let router = Arc::new(Router::new(None));
     let (settings, errors) = ServiceSettings::from_pairs([("latency-slo", "1s")]);
     assert!(errors.is_empty(), "{errors:?}");
@@ -169,19 +165,8 @@ fn stopper(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() {
     let _one = ONE_AT_A_TIME.lock().await;
-    no_worker_threads().await;
-    let (backend, upstream_peers) = counting_server().await;
-    let proxy = proxy(backend);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = watch::channel(false);
-    let workers = proxima_proxy::serve_on_workers(
-        proxy.clone(),
-        listener,
-        WorkerOptions::new(3),
-        stopper(&stopped),
-    )
-    .unwrap();
+    let serving = Serving::start(WorkerOptions::new(3)).await;
+    let (addr, proxy, upstream_peers) = (serving.addr, &serving.proxy, &serving.upstream_peers);
     // Shared CPUs: every worker may run wherever the process may.
     let process = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
     let shared = worker_cpus_once(|threads| threads.len() == 3).await;
@@ -215,11 +200,7 @@ async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() 
         "{opened} then {after} upstream connections"
     );
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), workers.join())
-        .await
-        .expect("every worker stops on the signal")
-        .expect("no worker failed");
+    serving.stop().await;
     assert!(
         TcpStream::connect(addr).await.is_err(),
         "the listener is closed"
@@ -228,6 +209,9 @@ async fn workers_serve_reuse_their_own_upstream_connections_and_stop_together() 
 
 /// Workers serving in front of a counting server, with their metrics.
 struct Serving {
+    proxy: Arc<Proxy>,
+    /// The upstream connections the counting server accepted, by peer address.
+    upstream_peers: Arc<Mutex<HashSet<SocketAddr>>>,
     registry: Registry,
     addr: SocketAddr,
     stop: watch::Sender<bool>,
@@ -238,15 +222,18 @@ impl Serving {
     /// Workers started with `options`, once those of an earlier test have exited.
     async fn start(options: WorkerOptions) -> Self {
         no_worker_threads().await;
-        let (backend, _) = counting_server().await;
+        let (backend, upstream_peers) = counting_server().await;
         let registry = Registry::new();
-        let proxy = proxy_in(backend, &registry);
+        let proxy = proxy(backend, &registry);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = watch::channel(false);
         let workers =
-            proxima_proxy::serve_on_workers(proxy, listener, options, stopper(&stopped)).unwrap();
+            proxima_proxy::serve_on_workers(proxy.clone(), listener, options, stopper(&stopped))
+                .unwrap();
         Self {
+            proxy,
+            upstream_peers,
             registry,
             addr,
             stop,

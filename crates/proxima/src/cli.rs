@@ -304,8 +304,8 @@ pub struct ProxyArgs {
 
     /// A worker that has run this long without sleeping, while another worker has not
     /// run for as long, gives its CPU away once, so that a worker queued on the same
-    /// CPU is not held until the kernel's next tick. 0 turns it off. Only two or more unpinned workers, no more than the CPUs,
-    /// ever yield.
+    /// CPU is not held until the kernel's next tick. 0 turns it off. Only two or more
+    /// unpinned workers, no more than the CPUs, ever yield.
     #[arg(
         long,
         env = "PROXIMA_WORKER_YIELD_AFTER",
