@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -390,6 +392,114 @@ async fn a_sent_post_is_not_replayed_but_an_idempotent_get_is() {
     assert_eq!(
         proxy.metric(
             r#"proxima_requests_total{code="error",endpoint="a-reset",service="api.shop"}"#
+        ),
+        1.0
+    );
+}
+
+/// A pod that answers the first request it gets and a broken status line to every
+/// later one; it counts the connections it accepted.
+async fn answers_once_then_garbles() -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(loopback())
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = Arc::new(AtomicU64::new(0));
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        let answered = Arc::new(AtomicU64::new(0));
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    // A head, and the body its Content-Length announces.
+                    let end = loop {
+                        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().expect("length"));
+                    while seen.len() < end + length {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    seen.drain(..end + length);
+                    if answered.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst";
+                        if stream.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    } else {
+                        let _ = stream.write_all(b"NOT HTTP\r\n\r\n").await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, connections)
+}
+
+/// A body-less GET that goes out on a connection hyper's client drives (left in the
+/// pool by a request with a body) and fails there after being sent is retried on
+/// another pod, as on the proxy's own exchange: the request comes back from hyper's
+/// path too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_failed_on_a_pooled_hyper_connection_is_retried_on_another_pod() {
+    let (flaky, connections) = answers_once_then_garbles().await;
+    let good = backend("good").await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("strategy", "round-robin")]),
+        vec![endpoint("a-flaky", flaky), endpoint("b-good", good.addr())],
+    )])
+    .await;
+    let client = http1_client();
+
+    // First pick: a-flaky, which answers this PUT; its connection, driven by hyper's
+    // client (the request had a body), goes back to the pool.
+    let req = Request::put(proxy.url("/put"))
+        .header("x-service", "api.shop")
+        .body(full("x"))
+        .expect("request");
+    let reply = send(&client, req).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(&reply.body[..], b"first");
+    // Second pick: b-good.
+    let reply = get(&client, &proxy.url("/get"), &[("x-service", "api.shop")]).await;
+    assert_eq!(reply.backend(), "good");
+
+    // Third pick: a-flaky again, on the pooled connection; the answer does not parse,
+    // so the GET goes to b-good.
+    let reply = get(&client, &proxy.url("/get"), &[("x-service", "api.shop")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.backend(), "good");
+    assert_eq!(good.hits(), 2);
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "the GET went out on the PUT's connection"
+    );
+    assert_eq!(
+        proxy.metric(r#"proxima_retries_total{service="api.shop"}"#),
+        1.0
+    );
+    assert_eq!(
+        proxy.metric(
+            r#"proxima_upstream_errors_total{endpoint="a-flaky",kind="protocol",service="api.shop"}"#
         ),
         1.0
     );

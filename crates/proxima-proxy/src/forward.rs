@@ -37,7 +37,6 @@
 //! proxy's own stall during the attempt (`stall.rs`), so that the proxy's lag is not
 //! held against the pod.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,8 +95,10 @@ pub(crate) enum Attempt {
     Response(Response<UpstreamBody>, Option<Sender>, Instant),
     /// Nothing reached the pod; the request comes back untouched.
     NotSent(Request<RequestBody>, ConnectError),
-    /// The request was (at least in part) sent, and no response came.
-    Failed(ErrorKind, UpstreamError),
+    /// The request was (at least in part) sent, and no response came. The request comes
+    /// back (as sent) when the caller asked to keep it for a retry on another pod; boxed,
+    /// so that this rare case does not make every attempt's result larger to move.
+    Failed(ErrorKind, UpstreamError, Option<Box<Request<RequestBody>>>),
     /// The client's own request body broke while it was being sent.
     ClientBodyFailed(hyper::Error),
     /// The request deadline passed before response headers arrived.
@@ -124,9 +125,10 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// same pod on a fresh connection. Neither counts against the pod: only the final
 /// result of the attempt is reported.
 ///
-/// `replay` is the request's copy for a retry, if the caller keeps one; it serves
-/// hyper's resend too, so a request is copied at most once. The native exchange only
-/// borrows the request and needs no copy.
+/// `keep` asks for the request back when it fails after being sent, for a retry on
+/// another pod (a body-less idempotent request, see [`Proxy::forward`]). The native
+/// exchange only borrows the request, so it costs nothing there; only hyper's client,
+/// which takes the request, needs a copy ([`Replay`]), made just before it sends.
 ///
 /// `deadline` bounds the connect phase here; the wait for response headers is bounded
 /// by the caller (one timer per request, `Proxy::watched`), who learns from `sent`
@@ -145,7 +147,7 @@ pub(crate) fn attempt<'a>(
     mut req: Request<RequestBody>,
     deadline: Instant,
     connect_timeout: Duration,
-    replay: Option<&'a Replay>,
+    keep: bool,
     sent: &'a AtomicBool,
 ) -> impl std::future::Future<Output = Attempt> + 'a {
     async move {
@@ -188,13 +190,19 @@ pub(crate) fn attempt<'a>(
                     sent.store(true, Ordering::Relaxed);
                     match h1::exchange(socket, &req, pool.max_response_headers()).await {
                         Ok(response) => {
-                            // The request's head is written: its map can serve another.
-                            crate::headers::spare_maps::give_back(std::mem::take(
-                                req.headers_mut(),
-                            ));
                             return match first_frame(response.map(Rest::Native), deadline).await {
-                                Ok((response, at)) => Attempt::Response(response, None, at),
-                                Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+                                Ok((response, at)) => {
+                                    // The request is answered: its map can serve another.
+                                    crate::headers::spare_maps::give_back(std::mem::take(
+                                        req.headers_mut(),
+                                    ));
+                                    Attempt::Response(response, None, at)
+                                }
+                                Err(error) => Attempt::Failed(
+                                    ErrorKind::Protocol,
+                                    error,
+                                    keep.then(|| Box::new(req)),
+                                ),
                             };
                         }
                         Err(error) if error.nothing_sent() && fresh => {
@@ -216,7 +224,11 @@ pub(crate) fn attempt<'a>(
                             } else {
                                 ErrorKind::Reset
                             };
-                            return Attempt::Failed(kind, error.into());
+                            return Attempt::Failed(
+                                kind,
+                                error.into(),
+                                keep.then(|| Box::new(req)),
+                            );
                         }
                     }
                     continue;
@@ -239,7 +251,7 @@ pub(crate) fn attempt<'a>(
                 Resend {
                     fresh,
                     resendable,
-                    replay,
+                    keep,
                 },
                 sent,
                 deadline,
@@ -270,13 +282,14 @@ enum ByHyper {
 
 /// Whether and from what a request may be sent again when a pooled connection dies
 /// under it.
-struct Resend<'a> {
+struct Resend {
     /// The connection is new (a new one failing is the pod's failure).
     fresh: bool,
     /// The request may be sent twice (idempotent, no body left to read).
     resendable: bool,
-    /// The request's head, kept by the caller for retries; made here when needed.
-    replay: Option<&'a Replay>,
+    /// The caller wants the request back if it fails after being sent (see
+    /// [`attempt`]).
+    keep: bool,
 }
 
 /// Send `req` through hyper's client connection `sender` (requests with bodies, and
@@ -286,21 +299,24 @@ async fn by_hyper(
     mut sender: Sender,
     req: Request<RequestBody>,
     addr: SocketAddr,
-    resend: Resend<'_>,
+    resend: Resend,
     sent: &AtomicBool,
     deadline: Instant,
 ) -> ByHyper {
-    let again = match resend.replay {
-        _ if resend.fresh || !resend.resendable => None,
-        Some(shared) => Some(Cow::Borrowed(shared)),
-        None => Some(Cow::Owned(Replay::of(&req))),
-    };
+    // hyper takes the request: what a resend on a fresh connection or a retry on
+    // another pod needs is copied first, and only when either can happen.
+    let resend_here = !resend.fresh && resend.resendable;
+    let again = (resend_here || resend.keep).then(|| Replay::of(&req));
     sent.store(true, Ordering::Relaxed);
     match sender.try_send_request(req).await {
         Ok(response) => ByHyper::Done(
             match first_frame(response.map(Rest::Hyper), deadline).await {
                 Ok((response, at)) => Attempt::Response(response, Some(sender), at),
-                Err(error) => Attempt::Failed(ErrorKind::Protocol, error),
+                Err(error) => Attempt::Failed(
+                    ErrorKind::Protocol,
+                    error,
+                    again.filter(|_| resend.keep).map(|r| Box::new(r.request())),
+                ),
             },
         ),
         Err(mut error) => match error.take_message() {
@@ -322,11 +338,15 @@ async fn by_hyper(
                     return ByHyper::Done(Attempt::ClientBodyFailed(error));
                 }
                 match again {
-                    Some(replay) if died_before_response(&error) => {
+                    Some(replay) if resend_here && died_before_response(&error) => {
                         debug!(%addr, error = describe(&error), "pooled connection died before a response; sending again on a fresh one");
                         ByHyper::Again(replay.request())
                     }
-                    _ => ByHyper::Done(Attempt::Failed(error_kind(&error), error.into())),
+                    again => ByHyper::Done(Attempt::Failed(
+                        error_kind(&error),
+                        error.into(),
+                        again.filter(|_| resend.keep).map(|r| Box::new(r.request())),
+                    )),
                 }
             }
         },
@@ -799,7 +819,6 @@ impl Proxy {
             prepare(&mut req, &client_ip);
             let replayable = req.body().is_end_stream() && is_idempotent(req.method());
 
-            let mut replay: Option<Replay> = None;
             let mut tried: Vec<EndpointId> = Vec::new();
             let mut deadline: Option<Instant> = None;
             let mut service: Option<Arc<ServiceMetrics>> = None;
@@ -838,13 +857,9 @@ impl Proxy {
                     settings.latency_slo,
                 );
                 let deadline = *deadline.get_or_insert(start + timeout);
-                if replayable
-                    && replay.is_none()
-                    && retries > 0
-                    && picked.route().eligible().len() > 1
-                {
-                    replay = Some(Replay::of(&req));
-                }
+                // Kept for a retry on another pod only when one can follow.
+                let keep =
+                    replayable && retries_done < retries && picked.route().eligible().len() > 1;
                 service.pick(picked.reason);
                 let endpoint = service.endpoint(&picked.endpoint().id);
                 let addr = picked.addr;
@@ -861,7 +876,7 @@ impl Proxy {
                     req,
                     deadline,
                     connect_timeout,
-                    replay.as_ref(),
+                    keep,
                     &written,
                 );
                 tokio::pin!(sent);
@@ -928,7 +943,7 @@ impl Proxy {
                             endpoint,
                         }
                     }
-                    Attempt::Failed(kind, error) => {
+                    Attempt::Failed(kind, error, back) => {
                         let now = Instant::now();
                         self.record(&picked, &service, now, Outcome::Failed, stall_start);
                         endpoint.error(kind);
@@ -950,9 +965,9 @@ impl Proxy {
                             ),
                             endpoint,
                         };
-                        match &replay {
-                            Some(replay) => {
-                                req = replay.request();
+                        match back {
+                            Some(back) => {
+                                req = *back;
                                 failure
                             }
                             None => return self.give_up(&service, failure, start),

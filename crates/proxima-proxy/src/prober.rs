@@ -231,7 +231,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
         req,
         deadline,
         ticket.timeout,
-        None,
+        false,
         &sent,
     );
     let answer = tokio::time::timeout_at(deadline.into(), answer)
@@ -264,7 +264,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
             debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe could not connect");
             Outcome::ConnectFailed
         }
-        Attempt::Failed(_, error) => {
+        Attempt::Failed(_, error, _) => {
             debug!(service = %ticket.service, endpoint = %ticket.id, %error, "probe failed");
             Outcome::Failed
         }
