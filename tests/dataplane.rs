@@ -320,16 +320,7 @@ async fn refused_connections_are_retried_elsewhere_with_the_streaming_body() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.backend(), "good");
     assert_eq!(reply.body, payload, "the POST body survived the retry");
-    assert_eq!(
-        proxy.metric(r#"proxima_retries_total{service="api.shop"}"#),
-        1.0
-    );
-    assert_eq!(
-        proxy.metric(
-            r#"proxima_upstream_errors_total{endpoint="a-dead",kind="connect",service="api.shop"}"#
-        ),
-        1.0
-    );
+    assert_one_retry_after(&proxy, "a-dead", "connect");
 
     // The dead endpoint cools down; every request keeps succeeding.
     for _ in 0..10 {
@@ -359,16 +350,7 @@ async fn a_sent_post_is_not_replayed_but_an_idempotent_get_is() {
     assert_eq!(reply.backend(), "good");
     assert_eq!(resetter.hits(), 1);
     assert_eq!(good.hits(), 1);
-    assert_eq!(
-        proxy.metric(r#"proxima_retries_total{service="api.shop"}"#),
-        1.0
-    );
-    assert_eq!(
-        proxy.metric(
-            r#"proxima_upstream_errors_total{endpoint="a-reset",kind="reset",service="api.shop"}"#
-        ),
-        1.0
-    );
+    assert_one_retry_after(&proxy, "a-reset", "reset");
 
     // Round robin counts every pick, the retry's too: the next request starts on the
     // resetter again and is replayed again.
@@ -395,6 +377,18 @@ async fn a_sent_post_is_not_replayed_but_an_idempotent_get_is() {
         ),
         1.0
     );
+}
+
+/// `api.shop` counted one retry, after one upstream error of `kind` at `endpoint`.
+fn assert_one_retry_after(proxy: &TestProxy, endpoint: &str, kind: &str) {
+    assert_eq!(
+        proxy.metric(r#"proxima_retries_total{service="api.shop"}"#),
+        1.0
+    );
+    let errors = format!(
+        r#"proxima_upstream_errors_total{{endpoint="{endpoint}",kind="{kind}",service="api.shop"}}"#
+    );
+    assert_eq!(proxy.metric(&errors), 1.0, "{errors}");
 }
 
 /// A pod that answers the first request it gets and a broken status line to every
@@ -493,16 +487,7 @@ async fn a_get_failed_on_a_pooled_hyper_connection_is_retried_on_another_pod() {
         1,
         "the GET went out on the PUT's connection"
     );
-    assert_eq!(
-        proxy.metric(r#"proxima_retries_total{service="api.shop"}"#),
-        1.0
-    );
-    assert_eq!(
-        proxy.metric(
-            r#"proxima_upstream_errors_total{endpoint="a-flaky",kind="protocol",service="api.shop"}"#
-        ),
-        1.0
-    );
+    assert_one_retry_after(&proxy, "a-flaky", "protocol");
 }
 
 /// A body fed from a channel, so the test decides when each chunk goes out.
