@@ -292,6 +292,16 @@ struct Resend {
     keep: bool,
 }
 
+impl Resend {
+    /// The request for the caller's retry on another pod, made from `again`, if the
+    /// caller asked for it.
+    fn hand_back(&self, again: Option<Replay>) -> Option<Box<Request<RequestBody>>> {
+        again
+            .filter(|_| self.keep)
+            .map(|replay| Box::new(replay.request()))
+    }
+}
+
 /// Send `req` through hyper's client connection `sender` (requests with bodies, and
 /// connections hyper already drives): [`attempt`]'s rarer path, in a future of its own
 /// that `attempt` boxes.
@@ -312,11 +322,7 @@ async fn by_hyper(
         Ok(response) => ByHyper::Done(
             match first_frame(response.map(Rest::Hyper), deadline).await {
                 Ok((response, at)) => Attempt::Response(response, Some(sender), at),
-                Err(error) => Attempt::Failed(
-                    ErrorKind::Protocol,
-                    error,
-                    again.filter(|_| resend.keep).map(|r| Box::new(r.request())),
-                ),
+                Err(error) => Attempt::Failed(ErrorKind::Protocol, error, resend.hand_back(again)),
             },
         ),
         Err(mut error) => match error.take_message() {
@@ -345,7 +351,7 @@ async fn by_hyper(
                     again => ByHyper::Done(Attempt::Failed(
                         error_kind(&error),
                         error.into(),
-                        again.filter(|_| resend.keep).map(|r| Box::new(r.request())),
+                        resend.hand_back(again),
                     )),
                 }
             }
@@ -467,7 +473,6 @@ fn is_idempotent(method: &Method) -> bool {
 /// What is needed to send a body-less request again. The header lines are kept as a
 /// list (one allocation; names and values are shared, not copied) and made into a map
 /// again only when the request is replayed, which is rare.
-#[derive(Clone)]
 pub(crate) struct Replay {
     method: Method,
     uri: Uri,
