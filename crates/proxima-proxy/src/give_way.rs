@@ -216,11 +216,15 @@ fn step(now: impl FnOnce() -> Instant, overdue: fn(&mut BusySpell, Instant) -> b
         let waits = part
             .heartbeats
             .a_sibling_waits(part.me, now, part.spell.limit);
-        if waits {
+        // Given way or not, the next look is a limit from now: after a yield, the
+        // moment the CPU came back.
+        let resumed = if waits {
             yield_cpu();
-        }
-        // Given way or not, the next look is a limit from now.
-        part.spell.restart(Instant::now());
+            Instant::now()
+        } else {
+            now
+        };
+        part.spell.restart(resumed);
         waits
     })
 }
