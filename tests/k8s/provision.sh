@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# Make a real Kubernetes control plane (etcd + kube-apiserver) and kubectl available on
-# this machine, for the tests in tests/k8s_*.rs and crates/proxima-k8s, and the Fortio
-# load generator for tests/k8s_rollout.rs.
+# Make a real Kubernetes available on this machine, for the tests in tests/k8s_*.rs,
+# crates/proxima-k8s and the one-node cluster of tests/cluster/ (tests/k8s_node.rs), and
+# the Fortio load generator for the rollout tests.
 #
 #   * etcd 3.4 from Debian (`etcd-server`, /usr/bin/etcd), installed with apt if missing.
 #   * nftables (`nft`) from Debian, installed with apt if missing: the testbed's
 #     `blackhole` and `node-down` events drop packets with it (crates/proxima-testbed).
-#   * kube-apiserver and kubectl v1.31.4 built from the Go module proxy: a throwaway module
-#     requires k8s.io/kubernetes v1.31.4 and replaces every staging module (the list comes
-#     from k8s.io/kubernetes' own go.mod) with its published v0.31.4.
+#   * For the one-node cluster (tests/cluster/up.sh), from Debian: containerd, runc, the
+#     CNI plugins (bridge, host-local, portmap, loopback), iptables and conntrack (which
+#     kube-proxy and the kubelet call), podman (builds the images) and gcc's static libc
+#     (the pause image).
+#   * Every Kubernetes component v1.31.4, built from the Go module proxy: a throwaway
+#     module requires k8s.io/kubernetes v1.31.4 and replaces every staging module (the
+#     list comes from k8s.io/kubernetes' own go.mod) with its published v0.31.4. One build
+#     makes kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet and
+#     kube-proxy, and agnhost (test/images/agnhost in the same module, the e2e test server
+#     examples/kubernetes runs; static, for a FROM scratch image).
 #   * Fortio 1.68.2 (`go install fortio.org/fortio@v1.68.2`). The paper's rollout
 #     experiment used 1.38.4, whose checksum the Go checksum database does not serve
 #     here; releases from 1.69 on need grol.io modules the module proxy refuses. 1.68.2
 #     has the same `load` flags (-c, -qps, -t, -json) and JSON result format.
 #
 # Binaries are cached as
-#     ${PROXIMA_CACHE:-$HOME/.cache/proxima}/kube-apiserver-v1.31.4
-#     ${PROXIMA_CACHE:-$HOME/.cache/proxima}/kubectl-v1.31.4
+#     ${PROXIMA_CACHE:-$HOME/.cache/proxima}/<component>-v1.31.4   (kube-apiserver, kubectl, ...)
+#     ${PROXIMA_CACHE:-$HOME/.cache/proxima}/agnhost-v1.31.4
 #     ${PROXIMA_CACHE:-$HOME/.cache/proxima}/fortio-v1.68.2
-# so a second run builds nothing. Anything that cannot be provisioned is an error
-# (non-zero exit); nothing is skipped silently.
+# so a second run builds nothing; only missing ones are built. Anything that cannot be
+# provisioned is an error (non-zero exit); nothing is skipped silently.
 #
 # Usage: tests/k8s/provision.sh            (prints the paths it provisioned at the end)
 set -euo pipefail
@@ -70,18 +77,49 @@ fi
 
 command -v openssl >/dev/null || die "openssl is needed to make service-account keys"
 
-# --- kube-apiserver and kubectl ---------------------------------------------------------
+# --- the cluster's Debian packages ------------------------------------------------------
+# command -> package; /usr/sbin is searched too (iptables, conntrack live there).
+missing_pkgs=""
+for pair in containerd:containerd runc:runc podman:podman iptables:iptables \
+        conntrack:conntrack gcc:gcc; do
+    PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null \
+        || missing_pkgs="$missing_pkgs ${pair#*:}"
+done
+for plugin in bridge host-local portmap loopback; do
+    [ -x "/usr/lib/cni/$plugin" ] || { missing_pkgs="$missing_pkgs containernetworking-plugins"; break; }
+done
+# gcc -static needs the static C library (libc6-dev carries libc.a).
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ -n "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ] \
+    || missing_pkgs="$missing_pkgs libc6-dev"
+if [ -n "$missing_pkgs" ]; then
+    log "installing Debian packages for the one-node cluster:$missing_pkgs"
+    as_root apt-get update -q || die "apt-get update failed"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q $missing_pkgs \
+        || die "apt-get install$missing_pkgs failed"
+fi
+log "cluster packages: $(containerd --version | cut -d' ' -f3), runc $(runc --version | head -1 | cut -d' ' -f3), $(podman --version)"
+
+# --- Kubernetes components --------------------------------------------------------------
 mkdir -p "$CACHE"
 # One build at a time, even if several test runs provision at once.
 exec 9>"$CACHE/.provision.lock"
 flock 9
 
-if [ -x "$APISERVER" ] && [ -x "$KUBECTL" ]; then
-    log "kube-apiserver: cached $APISERVER"
-    log "kubectl: cached $KUBECTL"
-else
-    command -v go >/dev/null || die "go is needed to build kube-apiserver (none on PATH)"
-    log "building kube-apiserver and kubectl v$K8S_VERSION with $(go version) (takes minutes)"
+# name -> Go package. agnhost is built static (CGO off) because its image is FROM scratch.
+COMPONENTS="kube-apiserver:cmd/kube-apiserver kubectl:cmd/kubectl
+kube-controller-manager:cmd/kube-controller-manager kube-scheduler:cmd/kube-scheduler
+kubelet:cmd/kubelet kube-proxy:cmd/kube-proxy agnhost:test/images/agnhost"
+missing=""
+for c in $COMPONENTS; do
+    name="${c%%:*}"
+    if [ -x "$CACHE/$name-v$K8S_VERSION" ]; then log "$name: cached $CACHE/$name-v$K8S_VERSION"
+    else missing="$missing $c"; fi
+done
+
+if [ -n "$missing" ]; then
+    command -v go >/dev/null || die "go is needed to build Kubernetes (none on PATH)"
+    log "building$(for c in $missing; do printf ' %s' "${c%%:*}"; done) v$K8S_VERSION with $(go version) (takes minutes)"
     work="$(mktemp -d "$CACHE/build.XXXXXX")"
     trap 'rm -rf "$work"' EXIT
     cd "$work"
@@ -108,16 +146,15 @@ else
         for m in $staging; do echo "	$m => $m $STAGING_VERSION"; done
         echo ")"
     } > go.mod
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+    {
+        echo "//go:build tools"
+        echo
+        echo "package tools"
+        echo
+        echo "import ("
+        for c in $missing; do echo "	_ \"k8s.io/kubernetes/${c#*:}\""; done
+        echo ")"
+    } > tools.go
 
     log "go mod tidy"
     GOFLAGS=-mod=mod go mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; die "go mod tidy failed"; }
@@ -129,23 +166,44 @@ GO
         ldflags="$ldflags -X $pkg.gitTreeState=clean"
     done
     mkdir -p bin
-    log "go build kube-apiserver kubectl"
-    GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -ldflags "$ldflags" -o bin/ \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl \
-        || die "go build of kube-apiserver/kubectl failed"
-    mv -f bin/kube-apiserver "$APISERVER"
-    mv -f bin/kubectl "$KUBECTL"
-    log "built $APISERVER and $KUBECTL"
+    dynamic="" static=""
+    for c in $missing; do
+        case "${c%%:*}" in
+            agnhost) static="$static k8s.io/kubernetes/${c#*:}" ;;
+            *) dynamic="$dynamic k8s.io/kubernetes/${c#*:}" ;;
+        esac
+    done
+    if [ -n "$dynamic" ]; then
+        log "go build$dynamic"
+        # shellcheck disable=SC2086
+        GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -ldflags "$ldflags" -o bin/ $dynamic \
+            || die "go build of$dynamic failed"
+    fi
+    if [ -n "$static" ]; then
+        log "go build (static)$static"
+        # shellcheck disable=SC2086
+        CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -ldflags "$ldflags" -o bin/ $static \
+            || die "go build of$static failed"
+    fi
+    for c in $missing; do
+        name="${c%%:*}"
+        mv -f "bin/$name" "$CACHE/$name-v$K8S_VERSION"
+        log "built $CACHE/$name-v$K8S_VERSION"
+    done
+    cd - >/dev/null
 fi
 
 # --- fortio ------------------------------------------------------------------------------
-if [ -x "$FORTIO" ]; then
+# A cached build from before it was static is built again.
+if [ -x "$FORTIO" ] && ! ldd "$FORTIO" >/dev/null 2>&1; then
     log "fortio: cached $FORTIO"
 else
     command -v go >/dev/null || die "go is needed to build fortio (none on PATH)"
     log "building fortio v$FORTIO_VERSION with $(go version)"
     fortio_bin="$(mktemp -d "$CACHE/fortio.XXXXXX")"
-    GOBIN="$fortio_bin" GOFLAGS=-buildvcs=false go install "fortio.org/fortio@v$FORTIO_VERSION" \
+    # Static (CGO off): tests/cluster/images.sh also puts it in a FROM scratch image, as
+    # the slow backend of the node tests (its echo server takes ?delay=).
+    CGO_ENABLED=0 GOBIN="$fortio_bin" GOFLAGS=-buildvcs=false go install "fortio.org/fortio@v$FORTIO_VERSION" \
         || { rm -rf "$fortio_bin"; die "go install fortio.org/fortio@v$FORTIO_VERSION failed"; }
     mv -f "$fortio_bin/fortio" "$FORTIO"
     rm -rf "$fortio_bin"
@@ -160,4 +218,11 @@ log "ready: $apiserver_version; kubectl $(echo "$kubectl_version" | tr '\n' ' ')
 echo "ETCD=$ETCD"
 echo "KUBE_APISERVER=$APISERVER"
 echo "KUBECTL=$KUBECTL"
+for c in $COMPONENTS; do
+    name="${c%%:*}"
+    case "$name" in kube-apiserver|kubectl) continue ;; esac
+    "$CACHE/$name-v$K8S_VERSION" --help >/dev/null 2>&1 || [ "$name" = agnhost ] \
+        || die "$CACHE/$name-v$K8S_VERSION does not run"
+    printf '%s=%s\n' "$(echo "$name" | tr 'a-z-' 'A-Z_')" "$CACHE/$name-v$K8S_VERSION"
+done
 echo "FORTIO=$FORTIO"
