@@ -859,30 +859,55 @@ async fn not_ready_endpoints_never_receive_traffic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceful_shutdown_finishes_in_flight_requests_and_refuses_new_connections() {
+async fn shutdown_finishes_in_flight_requests_answering_new_connections_until_then() {
     let slow = backend_with(BackendConfig::new("slow").delay(Duration::from_millis(1500))).await;
+    let fast = backend("fast").await;
     let config = ProxyConfig {
         shutdown_grace: Duration::from_secs(30),
         ..ProxyConfig::default()
     };
     let mut proxy = TestProxy::start_with(
         config,
-        vec![(
-            service("shop", "api", &[], &[]),
-            vec![endpoint("slow-0", slow.addr())],
-        )],
+        vec![
+            (
+                service("shop", "api", &[], &[]),
+                vec![endpoint("slow-0", slow.addr())],
+            ),
+            (
+                service("shop", "web", &[], &[]),
+                vec![endpoint("fast-0", fast.addr())],
+            ),
+        ],
     )
     .await;
     let client = http1_client();
     let url = proxy.url("/");
-    let in_flight =
-        tokio::spawn(async move { get(&client, &url, &[("x-service", "api.shop")]).await });
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        async move { get(&client, &url, &[("x-service", "api.shop")]).await }
+    });
     eventually("request reached the pod", Duration::from_secs(10), || {
         slow.client_hits() == 1
     })
     .await;
 
     proxy.begin_shutdown();
+    // While the slow request drains, the port still answers, one request per connection.
+    let started = Instant::now();
+    let reply = get(
+        &http1_client(),
+        &proxy.url("/"),
+        &[("x-service", "web.shop")],
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.backend(), "fast");
+    assert_eq!(reply.headers["connection"], "close");
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "answered before the slow request finished"
+    );
+    // Once it has finished, the listener closes.
     let addr = proxy.addr;
     eventually("new connections refused", Duration::from_secs(10), || {
         std::net::TcpStream::connect(addr).is_err()
@@ -901,8 +926,9 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_refuses_new_connectio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_still_running_after_the_grace_period_are_cut_off() {
     let stuck = backend_with(BackendConfig::new("stuck").delay(Duration::from_secs(40))).await;
+    let grace = Duration::from_secs(2);
     let config = ProxyConfig {
-        shutdown_grace: Duration::from_millis(200),
+        shutdown_grace: grace,
         ..ProxyConfig::default()
     };
     let mut proxy = TestProxy::start_with(
@@ -923,7 +949,19 @@ async fn requests_still_running_after_the_grace_period_are_cut_off() {
         stuck.client_hits() == 1
     })
     .await;
+    let shutdown = Instant::now();
     proxy.begin_shutdown();
+    // The port stays open while the request drains, up to half the grace period.
+    let addr = proxy.addr;
+    eventually("new connections refused", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(addr).is_err()
+    })
+    .await;
+    let refused_after = shutdown.elapsed();
+    assert!(
+        refused_after >= grace / 2 - Duration::from_millis(100),
+        "listening until half the grace period: {refused_after:?}"
+    );
     // Far sooner than the pod would answer.
     tokio::time::timeout(Duration::from_secs(20), proxy.server_stopped())
         .await

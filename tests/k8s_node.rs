@@ -346,37 +346,29 @@ fn in_pool(pool: &Value, id: &str) -> bool {
 
 // ---- installation ----------------------------------------------------------------------------
 
-/// `kubectl apply -k deploy/` (image set by a kustomize overlay) and
-/// `kubectl apply -k examples/kubernetes/`, the admin Secret first, then the tests' own
-/// workloads; every rollout must finish.
+/// The README's installation (tests/cluster/install.sh: the admin Secret, `kubectl apply
+/// -k` of deploy/ with the image set by a kustomize overlay, `kubectl apply -k
+/// examples/kubernetes/`, both rollouts), then the tests' own workloads; every rollout
+/// must finish and the proxy must answer.
 fn install(w: &mut World) {
     let node = &w.node;
-    node.kubectl_ok(&["create", "namespace", "proxima-system"]);
-    node.kubectl_ok(&[
-        "-n",
-        "proxima-system",
-        "create",
-        "secret",
-        "generic",
-        "proxima-admin",
-        &format!("--from-literal=token={}", w.token),
-    ]);
-    let overlay = overlay(&node.dir, node.var("PROXIMA_IMAGE"));
-    let applied = node.apply("-k", &overlay);
-    eprintln!("{applied}");
-    eprintln!("{}", node.apply("-k", Path::new("examples/kubernetes")));
+    let t = Instant::now();
+    let status = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/install.sh"))
+        .arg(&w.token)
+        .env("PROXIMA_CLUSTER_DIR", &node.dir)
+        .status()
+        .expect("run tests/cluster/install.sh");
+    assert!(
+        status.success(),
+        "tests/cluster/install.sh failed: {status}"
+    );
     eprintln!(
         "{}",
         node.apply("-f", Path::new("tests/cluster/manifests/workloads.yaml"))
     );
-    let t = Instant::now();
-    for (namespace, what) in [
-        ("proxima-system", "daemonset/proxima"),
-        ("default", "deployment/dps"),
-        ("default", "deployment/slow"),
-        ("default", "deployment/ready"),
-    ] {
-        node.kubectl_ok(&["-n", namespace, "rollout", "status", what, "--timeout=180s"]);
+    for what in ["deployment/slow", "deployment/ready"] {
+        node.kubectl_ok(&["-n", "default", "rollout", "status", what, "--timeout=180s"]);
     }
     let rolled_out = t.elapsed();
     // The proxy answers once discovery has synced.
@@ -396,35 +388,11 @@ fn install(w: &mut World) {
         .unwrap_or(0.0)
         / 1e6;
     w.note(format!(
-        "install: image {} ({image_mb:.1} MB); every rollout done in {:.1}s, /readyz 200 {:.1}s later",
+        "install: image {} ({image_mb:.1} MB); installed and every rollout done in {:.1}s, /readyz 200 {:.1}s later",
         node.var("PROXIMA_IMAGE"),
         rolled_out.as_secs_f64(),
         ready.as_secs_f64()
     ));
-}
-
-/// A kustomize overlay over `deploy/` that sets the image (what
-/// `kustomize edit set image` writes, without editing deploy/).
-fn overlay(dir: &Path, image: &str) -> PathBuf {
-    let (name, tag) = image.rsplit_once(':').expect("image name:tag");
-    let overlay = dir.join("deploy-overlay");
-    std::fs::create_dir_all(&overlay).expect("overlay dir");
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
-    // kustomize takes bases by relative path.
-    let up = "../".repeat(overlay.components().count() - 1);
-    let base = format!(
-        "{up}{}",
-        deploy.display().to_string().trim_start_matches('/')
-    );
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {base}\n\
-             images:\n  - name: ghcr.io/proxima-edge/proxima\n    newName: {name}\n    newTag: {tag}\n"
-        ),
-    )
-    .expect("write the overlay");
-    overlay
 }
 
 // ---- scenarios ---------------------------------------------------------------------------------
@@ -533,10 +501,7 @@ fn check_security(w: &World, pod: &str) {
 fn device_reaches_a_pod(w: &mut World) {
     let pods: BTreeSet<String> = w
         .node
-        .ready_pods("default", "app.kubernetes.io/name=dps")
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
+        .ready_pod_names("default", "app.kubernetes.io/name=dps");
     assert_eq!(pods.len(), 3, "three dps pods: {pods:?}");
     let mut answered: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..60 {
@@ -734,10 +699,7 @@ fn rolling_update(w: &mut World) {
     let url = format!("{}/", w.proxy);
     let before: BTreeSet<String> = w
         .node
-        .ready_pods("default", "app.kubernetes.io/name=dps")
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
+        .ready_pod_names("default", "app.kubernetes.io/name=dps");
     let running = fortio::start(
         load,
         &url,
@@ -758,10 +720,7 @@ fn rolling_update(w: &mut World) {
     eprintln!("{outcome}");
     let after: BTreeSet<String> = w
         .node
-        .ready_pods("default", "app.kubernetes.io/name=dps")
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
+        .ready_pod_names("default", "app.kubernetes.io/name=dps");
     assert!(
         before.is_disjoint(&after),
         "every pod replaced: {before:?} -> {after:?}"
@@ -852,12 +811,24 @@ fn daemonset_rollout(w: &mut World) {
     let new = w.proxima_pod();
     assert_ne!(new.name, old.name);
     check_security(w, &new.name);
-    let window = probes.window();
+    // A connection is either answered or refused: none accepted and then dropped.
+    let lost: Vec<&Attempt> = probes
+        .attempts
+        .iter()
+        .filter(|a| !matches!(&a.outcome, Ok(200)) && a.outcome != Err("ConnectionRefused".into()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "connections accepted and not answered: {lost:?}"
+    );
+    let refused = probes.window(Some("ConnectionRefused"));
+    let failing = probes.window(None);
     w.note(format!(
         "DaemonSet rollout: 4 requests in flight at SIGTERM all answered 200; rollout {:.1}s; \
-         new connections failed for {:.2}s ({} of {} connections: {})",
+         new connections refused for {:.2}s (failing at all for {:.2}s; {} of {} connections: {})",
         rolled.as_secs_f64(),
-        window.as_secs_f64(),
+        refused.as_secs_f64(),
+        failing.as_secs_f64(),
         probes.failed(),
         probes.attempts.len(),
         probes.kinds()
@@ -1091,12 +1062,17 @@ impl Probes {
             .count()
     }
 
-    /// From the first failed connection to the last one.
-    fn window(&self) -> Duration {
+    /// From the first connection that failed with `kind` (None: any failure) to the
+    /// last one, at one connection per 10 ms.
+    fn window(&self, kind: Option<&str>) -> Duration {
         let failed: Vec<Duration> = self
             .attempts
             .iter()
-            .filter(|a| a.outcome != Ok(200))
+            .filter(|a| match (&a.outcome, kind) {
+                (Ok(200), _) => false,
+                (Err(e), Some(kind)) => e == kind,
+                (_, _) => kind.is_none(),
+            })
             .map(|a| a.at)
             .collect();
         match (failed.first(), failed.last()) {

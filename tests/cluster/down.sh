@@ -2,7 +2,8 @@
 # Take down the cluster tests/cluster/up.sh started in DIR (default as up.sh's):
 #   1. SIGTERM to every component, by the process id up.sh recorded, one at a time in
 #      reverse order of start (kube-proxy and the kubelet first, etcd last); SIGKILL to
-#      one still running 10 s later;
+#      one still running 10 s later; once containerd is stopped, SIGKILL to the
+#      containers, by the process ids their cgroups list;
 #   2. kill the namespace holders: the node's PID 1 dies, and with it every process left
 #      in its PID namespace (containerd's shims, the containers); with the last process
 #      the node's network namespace goes (edge0, cni0, the pods' veths, every iptables
@@ -43,8 +44,23 @@ stop_pids() {
 
 # 1. Components, newest first (the namespace holders are listed first: they go last).
 components=$(awk '$1 !~ /-namespace$/ { print $1 ":" $2 }' "$dir/pids" 2>/dev/null | tac)
+cgroup_root="$(state_get "$dir" CGROUP_ROOT)"
+# The containers outlive containerd (their shims keep them); once the runtime is stopped
+# they go too, by the process ids their cgroups list, before the API server, whose
+# shutdown would otherwise wait on the proxies' watches.
+kill_containers() {
+    [ -n "$cgroup_root" ] && [ -d "/sys/fs/cgroup/pids/$cgroup_root" ] || return 0
+    local pids
+    pids="$(find "/sys/fs/cgroup/pids/$cgroup_root" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)"
+    # shellcheck disable=SC2086
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+    say "containers killed ($(echo $pids | wc -w) processes)"
+}
 # One at a time: the API server waits for etcd, the kubelet for containerd.
-for entry in $components; do stop_pids 10 "$entry"; done
+for entry in $components; do
+    stop_pids 10 "$entry"
+    [ "${entry%%:*}" = containerd ] && kill_containers
+done
 say "components stopped"
 
 # 2. The namespaces.
@@ -73,7 +89,6 @@ say "namespaces gone"
 
 # 3. The cgroup tree (the kubelet's cgroupRoot), leaves first; a cgroup empties a moment
 # after its last process dies.
-cgroup_root="$(state_get "$dir" CGROUP_ROOT)"
 if [ -n "$cgroup_root" ]; then
     for h in /sys/fs/cgroup/*/; do
         tree="${h%/}/$cgroup_root"

@@ -16,7 +16,8 @@
 #   localhost/proxima:dev-<sha256 of the binary>   deploy/Dockerfile itself, its `context` stage:
 #                                                  the release binary cargo built
 #                                                  (target/dist/proxima, the profile the Dockerfile's
-#                                                  own builder stage uses), on that base
+#                                                  own builder stage uses, debug info stripped as
+#                                                  that stage does), on that base
 #
 # The names and tags of pause and agnhost are the ones the manifests and containerd's
 # sandbox_image use, so with imagePullPolicy IfNotPresent nothing is ever pulled.
@@ -166,14 +167,15 @@ if [ -z "${PROXIMA_IMAGE_BINARY:-}" ] && [ "${PROXIMA_NO_CARGO:-0}" != 1 ]; then
 fi
 [ -x "$binary" ] || die "$binary missing: build it with cargo build --profile dist -p proxima (tests/run.sh does)"
 mkdir -p "$work/proxima"
-cp "$binary" "$work/proxima/proxima"
+# As the Dockerfile's own builder stage does: the code as built, without debug info.
+objcopy --strip-debug "$binary" "$work/proxima/proxima" || die "objcopy --strip-debug $binary failed"
 tag="dev-$(sha256sum "$binary" | cut -c1-12)"
 PROXIMA_IMAGE="localhost/proxima:$tag"
 build "$PROXIMA_IMAGE" "$work/proxima" -f "$REPO/deploy/Dockerfile" \
     --build-arg BINARY=context --build-arg BASE_IMAGE="$BASE_IMAGE"
 save "$PROXIMA_IMAGE" proxima.tar
 proxima_size="$(size_of "$PROXIMA_IMAGE")"
-say "image $PROXIMA_IMAGE: $proxima_size bytes (binary $(stat -c %s "$binary"), archive $(stat -c %s "$out/proxima.tar"))"
+say "image $PROXIMA_IMAGE: $proxima_size bytes (binary $(stat -c %s "$binary"), without debug info $(stat -c %s "$work/proxima/proxima"); archive $(stat -c %s "$out/proxima.tar"))"
 
 {
     echo "PAUSE_IMAGE=$PAUSE_IMAGE"
@@ -181,6 +183,6 @@ say "image $PROXIMA_IMAGE: $proxima_size bytes (binary $(stat -c %s "$binary"), 
     echo "FORTIO_IMAGE=$FORTIO_IMAGE"
     echo "PROXIMA_IMAGE=$PROXIMA_IMAGE"
     echo "PROXIMA_IMAGE_BYTES=$proxima_size"
-    echo "PROXIMA_BINARY_BYTES=$(stat -c %s "$binary")"
+    echo "PROXIMA_BINARY_BYTES=$(stat -c %s "$work/proxima/proxima")"
 } > "$out/images.env"
 cat "$out/images.env"

@@ -13,7 +13,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -202,6 +202,14 @@ impl Node {
             .iter()
             .map(PodInfo::of)
             .filter(|p| p.ready && !p.deleting)
+            .collect()
+    }
+
+    /// The names of [`Node::ready_pods`].
+    pub fn ready_pod_names(&self, namespace: &str, selector: &str) -> BTreeSet<String> {
+        self.ready_pods(namespace, selector)
+            .into_iter()
+            .map(|p| p.name)
             .collect()
     }
 

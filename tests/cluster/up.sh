@@ -6,7 +6,9 @@
 # from this repository (tests/cluster/images.sh) imported into containerd.
 #
 #   tests/cluster/up.sh [DIR]                  start, wait until usable, print how to use it
-#   tests/cluster/up.sh --foreground [DIR]     the same, then stay until stdin closes or
+#   tests/cluster/up.sh --install [DIR]        the same, then install Proxima and its example
+#                                              as the README says (tests/cluster/install.sh)
+#   tests/cluster/up.sh --foreground [DIR]     start, then stay until stdin closes or
 #                                              SIGTERM/SIGINT, and take it all down (what the
 #                                              tests use: a killed test takes its cluster along)
 #   tests/cluster/down.sh [DIR]                stop it
@@ -43,8 +45,11 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 CLUSTER_STARTED=$(date +%s)
 
-foreground=false
-if [ "${1:-}" = "--foreground" ]; then foreground=true; shift; fi
+foreground=false install=false
+case "${1:-}" in
+    --foreground) foreground=true; shift ;;
+    --install) install=true; shift ;;
+esac
 dir="$(cluster_dir "${1:-}")"
 [ "$(id -u)" = 0 ] || die "the cluster needs root (namespaces, mounts, cgroups, iptables)"
 if [ -f "$dir/state" ]; then
@@ -75,7 +80,10 @@ fail() { failed_component="$1"; shift; die "$failed_component: $*"; }
 say "provisioning binaries (tests/k8s/provision.sh)"
 eval "$(bash "$REPO/tests/k8s/provision.sh" 2>"$dir/logs/provision.log" | grep -E '^[A-Z_]+=')" \
     || fail provision "tests/k8s/provision.sh failed"
+# PROXIMA_<COMPONENT> (PROXIMA_KUBELET, PROXIMA_KUBE_PROXY, ...) runs another binary.
 for b in ETCD KUBE_APISERVER KUBECTL KUBE_CONTROLLER_MANAGER KUBE_SCHEDULER KUBELET KUBE_PROXY; do
+    override="PROXIMA_$b"
+    [ -n "${!override:-}" ] && printf -v "$b" '%s' "${!override}"
     [ -x "${!b:-}" ] || fail provision "no $b binary"
 done
 ln -sf "$KUBECTL" "$dir/bin/kubectl"
@@ -233,7 +241,7 @@ start() { # name command...
         kill -0 "$launcher" 2>/dev/null || break
         sleep 0.02
     done
-    [ -n "$pid" ] || fail "$name" "did not start"
+    [ -n "$pid" ] || fail "$name" "exited as soon as it started"
     echo "$name $pid" >> "$dir/pids"
 }
 running() { local pid; pid="$(awk -v n="$1" '$1 == n { print $2 }' "$dir/pids")"; [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
@@ -442,6 +450,10 @@ EOF
 cat "$dir/env"
 
 trap - EXIT
+if $install; then
+    PROXIMA_CLUSTER_DIR="$dir" bash "$CLUSTER_HERE/install.sh" \
+        || die "installing Proxima failed (the cluster is still up: tests/cluster/down.sh $dir)"
+fi
 if $foreground; then
     # Down when the caller goes away (stdin closes) or asks (SIGTERM/SIGINT).
     down() { trap - TERM INT; bash "$CLUSTER_HERE/down.sh" "$dir" >&2; exit 0; }

@@ -8,8 +8,8 @@
 #     `blackhole` and `node-down` events drop packets with it (crates/proxima-testbed).
 #   * For the one-node cluster (tests/cluster/up.sh), from Debian: containerd, runc, the
 #     CNI plugins (bridge, host-local, portmap, loopback), iptables and conntrack (which
-#     kube-proxy and the kubelet call), podman (builds the images) and gcc's static libc
-#     (the pause image).
+#     kube-proxy and the kubelet call), podman (builds the images), gcc's static libc
+#     (the pause image) and binutils (objcopy strips the image's binary of debug info).
 #   * Every Kubernetes component v1.31.4, built from the Go module proxy: a throwaway
 #     module requires k8s.io/kubernetes v1.31.4 and replaces every staging module (the
 #     list comes from k8s.io/kubernetes' own go.mod) with its published v0.31.4. One build
@@ -81,7 +81,7 @@ command -v openssl >/dev/null || die "openssl is needed to make service-account 
 # command -> package; /usr/sbin is searched too (iptables, conntrack live there).
 missing_pkgs=""
 for pair in containerd:containerd runc:runc podman:podman iptables:iptables \
-        conntrack:conntrack gcc:gcc; do
+        conntrack:conntrack gcc:gcc objcopy:binutils; do
     PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null \
         || missing_pkgs="$missing_pkgs ${pair#*:}"
 done

@@ -5,10 +5,20 @@
 //! request it leaves to hyper arrives, then by hyper's auto server, both calling the
 //! connection's service (`conn_service.rs`): admission, the target service of every
 //! request (reusing the previous key while the connection keeps naming the same
-//! service), then [`Proxy::forward`](crate::Proxy). On shutdown the
-//! listener is closed at once, so new connections are refused, every open connection is
-//! asked to finish (HTTP/1.1 closes after the current response, HTTP/2 sends GOAWAY),
-//! and whatever still runs when `shutdown_grace` is over is cut off.
+//! service), then [`Proxy::forward`](crate::Proxy).
+//!
+//! Shutdown drains in two steps, within `shutdown_grace` in all:
+//! 1. **Drain, still listening.** Every open connection is asked to finish (HTTP/1.1
+//!    closes after the current response, HTTP/2 sends GOAWAY, an idle one closes now).
+//!    The listener stays open meanwhile: a new connection gets one answer, with
+//!    `connection: close`. On a Kubernetes node the proxy's port is a hostPort, which
+//!    the next proxy pod can take only once this process is gone, so every moment the
+//!    port refuses connections is a moment this node's clients are cut off; refusing
+//!    them while slow requests finish would add their time to that gap.
+//! 2. **Close.** Once the connections that were open at shutdown are gone (or half the
+//!    grace period is over, so that late requests have the other half to finish), the
+//!    listener closes: new connections are refused, idle ones close, the rest finish.
+//!    Whatever still runs when `shutdown_grace` is over is cut off.
 //!
 //! Overload is met at two levels: connections beyond `max_client_connections` are
 //! closed as soon as they are accepted, and requests beyond `max_concurrent_requests` in
@@ -101,8 +111,8 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// Accept connections until `shutdown` resolves; then stop accepting and let in-flight
-/// requests finish up to `shutdown_grace`.
+/// Accept connections until `shutdown` resolves; then drain and close as the module
+/// docs say, within `shutdown_grace`.
 ///
 /// At most `max_client_connections` are open at once (counted across every listener
 /// and worker serving this proxy): a connection beyond that is
@@ -138,80 +148,75 @@ pub(crate) async fn serve_with(
         idle: proxy.config.client_idle_timeout,
         body: proxy.config.body_idle_timeout,
     };
-    // Shared with every other listener or worker serving this proxy.
-    let budget = proxy.connections.clone();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    let mut accept_errors = RateLimited::new(LOG_EVERY);
-    let mut sheds = RateLimited::new(LOG_EVERY);
-    let local = listener.local_addr()?;
-    info!(%local, max_connections = proxy.config.max_client_connections, "proxy listening");
-    let serve_one = |connections: &mut JoinSet<()>, accepted: Accepted, served: Option<Served>| {
-        connections.spawn(drive(
+    let mut connections = Cohorts::new();
+    let mut acceptor = Acceptor::new(&proxy, listener)?;
+    let serve_one = |connections: &mut Cohorts, accepted: Accepted, served: Option<Served>| {
+        let (set, finish, draining) = connections.joining();
+        set.spawn(drive(
             proxy.clone(),
             servers.clone(),
             timeouts,
             accepted,
             served,
-            stop_rx.clone(),
+            finish,
+            draining,
         ));
     };
+    let grace = proxy.config.shutdown_grace;
     tokio::pin!(shutdown);
+    // Set at shutdown: when the listener closes at the latest (step 2).
+    let mut close_by: Option<Instant> = None;
     loop {
+        let draining = close_by.is_some();
         tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Ok(permit) = budget.clone().try_acquire_owned() else {
-                        // Over budget: close at once rather than hold the descriptor.
-                        drop(stream);
-                        proxy.metrics.connection_closed(CloseReason::Shed);
-                        if let Some(more) = sheds.allow(Instant::now()) {
-                            warn!(
-                                %peer,
-                                limit = proxy.config.max_client_connections,
-                                shed_since_last_line = more,
-                                "connection limit reached; shedding new client connections"
-                            );
-                        }
+            () = &mut shutdown, if !draining => {
+                info!(
+                    connections = connections.before.len(),
+                    grace = ?grace,
+                    "shutting down: finishing in-flight requests; new connections get one answer"
+                );
+                connections.drain();
+                close_by = Some(Instant::now() + grace / 2);
+                if connections.before.is_empty() {
+                    break;
+                }
+            }
+            accepted = acceptor.next() => {
+                let Some(accepted) = accepted else { continue };
+                let placed = match &balance {
+                    Some(member) => member.place(accepted),
+                    None => {
+                        serve_one(&mut connections, accepted, None);
                         continue;
-                    };
-                    let accepted = Accepted { stream, peer, permit };
-                    let placed = match &balance {
-                        Some(member) => member.place(accepted),
-                        None => {
-                            serve_one(&mut connections, accepted, None);
-                            continue;
-                        }
-                    };
-                    match placed {
-                        Placed::Here(accepted, served) => {
-                            serve_one(&mut connections, accepted, Some(served))
-                        }
-                        Placed::HandedOver => proxy.metrics.handed_over(),
-                        Placed::Lost => {}
                     }
-                }
-                Err(error) => {
-                    if let Some(more) = accept_errors.allow(Instant::now()) {
-                        warn!(%error, repeats_since_last_line = more, "accept failed");
+                };
+                match placed {
+                    Placed::Here(accepted, served) => {
+                        serve_one(&mut connections, accepted, Some(served))
                     }
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    Placed::HandedOver => proxy.metrics.handed_over(),
+                    Placed::Lost => {}
                 }
-            },
+            }
             (accepted, served) = handed_over(&mut balance) => {
                 if let Some(accepted) = accepted {
                     serve_one(&mut connections, accepted, Some(served));
                 }
             }
-            Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                if let Err(error) = joined {
-                    warn!(%error, "connection task failed");
+            Some(joined) = connections.before.join_next(), if !connections.before.is_empty() => {
+                log_join_error(joined);
+                if draining && connections.before.is_empty() {
+                    break;
                 }
             }
+            Some(joined) = connections.during.join_next(), if !connections.during.is_empty() => {
+                log_join_error(joined);
+            }
+            () = sleep_until_some(close_by) => break,
         }
     }
-    drop(listener);
+    let stopping_since = close_by.map_or_else(Instant::now, |at| at - grace / 2);
+    drop(acceptor);
     // Connections other workers handed over before this one stopped are served like
     // those it accepted itself: answered, then closed as the shutdown asks.
     if let Some(member) = &mut balance {
@@ -223,12 +228,11 @@ pub(crate) async fn serve_with(
     }
     info!(
         connections = connections.len(),
-        grace = ?proxy.config.shutdown_grace,
-        "shutting down: no new connections; finishing in-flight requests"
+        "shutting down: no new connections; finishing the last requests"
     );
-    let _ = stop_tx.send(true);
-    let drained = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(proxy.config.shutdown_grace, drained)
+    connections.close();
+    let left = grace.saturating_sub(stopping_since.elapsed());
+    if tokio::time::timeout(left, connections.finish())
         .await
         .is_err()
     {
@@ -236,10 +240,135 @@ pub(crate) async fn serve_with(
             connections = connections.len(),
             "shutdown grace period over; closing the remaining connections"
         );
-        connections.shutdown().await;
+        connections.cut().await;
     }
     info!("proxy stopped");
     Ok(())
+}
+
+fn log_join_error(joined: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined {
+        warn!(%error, "connection task failed");
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The connections of one listener: those accepted before shutdown, and those accepted
+/// while the proxy drains, each cohort with its own signal to finish.
+struct Cohorts {
+    before: JoinSet<()>,
+    during: JoinSet<()>,
+    finish_before: watch::Sender<bool>,
+    finish_during: watch::Sender<bool>,
+}
+
+impl Cohorts {
+    fn new() -> Self {
+        Self {
+            before: JoinSet::new(),
+            during: JoinSet::new(),
+            finish_before: watch::Sender::new(false),
+            finish_during: watch::Sender::new(false),
+        }
+    }
+
+    /// Where a connection accepted now goes: its set, its signal to finish, and whether
+    /// the proxy is draining (the connection then gets one answer).
+    fn joining(&mut self) -> (&mut JoinSet<()>, watch::Receiver<bool>, bool) {
+        if *self.finish_before.borrow() {
+            (&mut self.during, self.finish_during.subscribe(), true)
+        } else {
+            (&mut self.before, self.finish_before.subscribe(), false)
+        }
+    }
+
+    /// Step 1: the connections open now finish what they are doing.
+    fn drain(&mut self) {
+        self.finish_before.send_replace(true);
+    }
+
+    /// Step 2: every connection finishes.
+    fn close(&mut self) {
+        self.finish_before.send_replace(true);
+        self.finish_during.send_replace(true);
+    }
+
+    fn len(&self) -> usize {
+        self.before.len() + self.during.len()
+    }
+
+    async fn finish(&mut self) {
+        while self.before.join_next().await.is_some() {}
+        while self.during.join_next().await.is_some() {}
+    }
+
+    async fn cut(&mut self) {
+        self.before.shutdown().await;
+        self.during.shutdown().await;
+    }
+}
+
+/// The listener, with the connection budget and rate-limited logging of accept errors
+/// and sheds.
+struct Acceptor<'a> {
+    proxy: &'a Proxy,
+    listener: TcpListener,
+    accept_errors: RateLimited,
+    sheds: RateLimited,
+}
+
+impl<'a> Acceptor<'a> {
+    fn new(proxy: &'a Proxy, listener: TcpListener) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        info!(%local, max_connections = proxy.config.max_client_connections, "proxy listening");
+        Ok(Self {
+            proxy,
+            listener,
+            accept_errors: RateLimited::new(LOG_EVERY),
+            sheds: RateLimited::new(LOG_EVERY),
+        })
+    }
+
+    /// The next connection within the budget (`None`: one was shed, or accept failed).
+    async fn next(&mut self) -> Option<Accepted> {
+        match self.listener.accept().await {
+            Ok((stream, peer)) => {
+                // Shared with every other listener or worker serving this proxy.
+                let Ok(permit) = self.proxy.connections.clone().try_acquire_owned() else {
+                    // Over budget: close at once rather than hold the descriptor.
+                    drop(stream);
+                    self.proxy.metrics.connection_closed(CloseReason::Shed);
+                    if let Some(more) = self.sheds.allow(Instant::now()) {
+                        warn!(
+                            %peer,
+                            limit = self.proxy.config.max_client_connections,
+                            shed_since_last_line = more,
+                            "connection limit reached; shedding new client connections"
+                        );
+                    }
+                    return None;
+                };
+                Some(Accepted {
+                    stream,
+                    peer,
+                    permit,
+                })
+            }
+            Err(error) => {
+                if let Some(more) = self.accept_errors.allow(Instant::now()) {
+                    warn!(%error, repeats_since_last_line = more, "accept failed");
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                None
+            }
+        }
+    }
 }
 
 /// The next connection another worker hands to this one; never, without a balance.
@@ -270,6 +399,7 @@ async fn drive(
     accepted: Accepted,
     served: Option<Served>,
     mut stop: watch::Receiver<bool>,
+    draining: bool,
 ) {
     let Accepted {
         stream,
@@ -304,6 +434,7 @@ async fn drive(
         &mut watchdog,
         &gate,
         &mut stop,
+        draining,
     )
     .await
     {
@@ -334,7 +465,8 @@ async fn drive(
 }
 
 /// The native phase of [`drive`]: `Some` with the socket (replaying the bytes read)
-/// and the target cache when hyper is to take the connection over.
+/// and the target cache when hyper is to take the connection over. A connection
+/// accepted while the proxy drains (`draining`) gets one answer.
 async fn serve_natively(
     service: &ConnService,
     io: Watched<TcpStream>,
@@ -342,11 +474,12 @@ async fn serve_natively(
     watchdog: &mut Watchdog<'_>,
     gate: &Gate,
     stop: &mut watch::Receiver<bool>,
+    draining: bool,
 ) -> Option<(Watched<TcpStream>, TargetCache)> {
     if watchdog.stopping {
         return None;
     }
-    let close_after_response = AtomicBool::new(false);
+    let close_after_response = AtomicBool::new(draining);
     let native = serve_h1::serve(service, io, limits, &close_after_response);
     tokio::pin!(native);
     loop {
@@ -357,6 +490,9 @@ async fn serve_natively(
             },
             event = gate.wrap(watchdog.next(stop)) => match event {
                 Event::Cut => return None,
+                // Accepted while the proxy drains: it closes after its one answer anyway,
+                // and its request may be on its way already (a close now would lose it).
+                Event::Graceful if draining => {}
                 // Between requests the connection just closes, as hyper's would; a
                 // request in flight is answered first, with `connection: close`.
                 Event::Graceful if watchdog.activity.is_idle() => return None,

@@ -571,6 +571,29 @@ impl ConnectionBudget {
     }
 }
 
+impl ConnectionBudget {
+    /// Why a fixed budget cannot be held under this process's open-file limit, if it
+    /// cannot: every client connection is a descriptor, and pods, discovery and the admin
+    /// server need theirs (e.g. 20000 connections where the runtime gives 20000 files).
+    pub fn warning(self) -> Option<String> {
+        fixed_budget_warning(self, open_file_limit())
+    }
+}
+
+fn fixed_budget_warning(budget: ConnectionBudget, limit: Option<u64>) -> Option<String> {
+    let (ConnectionBudget::Fixed(n), Some(limit)) = (budget, limit) else {
+        return None;
+    };
+    (n as u64).saturating_add(RESERVED_FDS).gt(&limit).then(|| {
+        format!(
+            "--max-client-connections {n} does not fit the open-file limit of {limit} (ulimit -n): \
+             with that many clients the proxy would run out of descriptors for pods, discovery \
+             and the admin server; `auto` would allow {}",
+            auto_budget(Some(limit))
+        )
+    })
+}
+
 /// The `auto` budget for an open-file limit (`None`: unknown or unlimited).
 fn auto_budget(limit: Option<u64>) -> usize {
     match limit {
@@ -1075,6 +1098,20 @@ mod tests {
         assert_eq!(access.token.as_deref(), Some("t0k"));
         assert_eq!(access.trusted.len(), 2);
         assert!(!access.open);
+    }
+
+    #[test]
+    fn a_fixed_connection_budget_over_the_open_file_limit_is_reported() {
+        let fixed = ConnectionBudget::Fixed(20_000);
+        let warning = fixed_budget_warning(fixed, Some(20_000)).expect("does not fit");
+        assert!(warning.contains("open-file limit of 20000"), "{warning}");
+        assert!(warning.contains("`auto` would allow 9872"), "{warning}");
+        assert_eq!(fixed_budget_warning(fixed, Some(1_048_576)), None);
+        assert_eq!(fixed_budget_warning(fixed, None), None);
+        assert_eq!(
+            fixed_budget_warning(ConnectionBudget::Auto, Some(1024)),
+            None
+        );
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! discovery lists in the background and is waited for, however long the API server
 //! takes); mark ready; start the proxy and the prober. Until then connections to the
 //! proxy port wait in its backlog rather than get answers from an empty table. On
-//! SIGTERM/SIGINT every task stops accepting work; the proxy lets requests in flight
-//! finish for up to `--shutdown-grace`; the process exits 0. A task that fails takes the
+//! SIGTERM/SIGINT every task stops accepting work but the proxy, which lets requests in
+//! flight finish (answering new connections once each meanwhile) for up to
+//! `--shutdown-grace` (see `proxima_proxy::server`); the process exits 0. A task that fails takes the
 //! others down and the process exits 1.
 //!
 //! Node measurements (`proxima_nodes`, flags under "Node measurements"): the admin
@@ -162,6 +163,9 @@ pub async fn serve(
         admin: admin_listener.local_addr()?,
     };
 
+    if let Some(warning) = args.limits.max_client_connections.warning() {
+        warn!("{warning}");
+    }
     let registry = prometheus::Registry::new();
     let metrics = Arc::new(
         Metrics::with_options(&registry, args.metrics_options())
