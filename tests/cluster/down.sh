@@ -107,6 +107,10 @@ fi
 grep -q -- "$dir" /proc/self/mountinfo && problem "mounts: $(grep -- "$dir" /proc/self/mountinfo | awk '{print $5}' | tr '\n' ' ')"
 ip link show cni0 >/dev/null 2>&1 && problem "a cni0 bridge in the host's network namespace"
 ip link show edge0 >/dev/null 2>&1 && problem "edge0 in the host's network namespace"
+# The CNI bridge plugin names its masquerade rules after the network ("proxima-pods").
+if iptables-save 2>/dev/null | grep -q 'proxima-pods'; then
+    problem "iptables rules of the pods' network in the host's network namespace"
+fi
 
 if [ "$problems" -gt 0 ]; then
     say "down with $problems problem(s); $dir kept"
