@@ -2,14 +2,20 @@
 //! probe schedule and in-flight count.
 //!
 //! Admission follows QEdgeProxy (§III-A, event 3; §III-B): the pod's own measured
-//! response times decide whether it is in its service's QoS pool. Around that test:
+//! response times decide whether it is in its service's QoS pool. A pod leaves for
+//! latency when its fresh samples are evidence that it misses the SLO percentile, not
+//! merely a share under it by chance (`estimator::likely_misses`,
+//! `qos-pool-verdict-confidence`): the paper keeps the instances "likely to satisfy the
+//! QoS requirements", and a point estimate evicts pods that meet p95 every few hundred
+//! requests, and all of them at once when the host jitters. Around that test:
 //!
 //! * **Failures are misses.** A response whose status is in the service's
 //!   `failure-status` set (default `5xx`), a reset, a timeout or a refused connection is
 //!   stored as a miss, however fast it came: a pod that answers `500` in 2 ms does not
 //!   meet an SLO. An attempt still unanswered when the SLO has passed is stored as a miss
-//!   at that moment (`EndpointState::observe_overdue`), and its eventual answer adds no
-//!   second sample; an attempt the client abandoned after the SLO is a miss too.
+//!   at that moment (`EndpointState::observe_overdue`), and its eventual outcome gives
+//!   that miss its time (or makes it a failure) rather than adding a second sample; an
+//!   attempt the client abandoned after the SLO is a miss too.
 //! * **Consecutive failures eject at once**, next to the latency test, as Envoy's outlier
 //!   detection (`consecutive_5xx`, 5 by default) and linkerd's failure accrual (7
 //!   failures) do: `qos-pool-eject-after` failures in a row take the pod out without
@@ -43,7 +49,7 @@
 //! any number of discovery updates. The hot path reads only atomics (`attempts`,
 //! `admitted`, `cooldown_until`); the mutex is taken once per finished request.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -75,6 +81,9 @@ const IN_FLIGHT_BITS: u32 = 24;
 const IN_FLIGHT_MASK: u64 = (1 << IN_FLIGHT_BITS) - 1;
 /// One attempt started, in the `attempts` word.
 const ONE_STARTED: u64 = 1 << IN_FLIGHT_BITS;
+
+/// [`EndpointState::within_permille`] of an endpoint without fresh samples.
+pub const UNKNOWN_SHARE: u32 = u32::MAX;
 
 /// Fixed-point unit of the spreading counter: one pick at full weight.
 pub(crate) const PICK_UNIT: u64 = 1000;
@@ -206,6 +215,9 @@ pub struct EndpointState {
     pub(crate) stats: Mutex<Stats>,
     /// Predicted SLO-percentile latency in µs (0 before any sample), for fallback ranking.
     score_micros: AtomicU64,
+    /// Share of its fresh samples within the SLO, in thousandths ([`UNKNOWN_SHARE`]
+    /// without any), as of the last measurement: what the empty-pool fallback ranks by.
+    within_permille: AtomicU32,
     epoch: Instant,
     failures: AtomicU64,
     /// Set when it (re)joins the pool: its counter is brought level with the pool's.
@@ -274,6 +286,7 @@ impl EndpointState {
             warming: AtomicBool::new(true),
             cooldown_until: AtomicU64::new(0),
             score_micros: AtomicU64::new(0),
+            within_permille: AtomicU32::new(UNKNOWN_SHARE),
             peak_ewma_bits: AtomicU64::new(0),
             peak_ewma_at: AtomicU64::new(0),
             epoch,
@@ -365,6 +378,37 @@ impl EndpointState {
     /// (0 when unknown, `u64::MAX` when that rank is a failure).
     pub fn score_micros(&self) -> u64 {
         self.score_micros.load(Ordering::Relaxed)
+    }
+
+    /// Share of its fresh samples within the SLO, in thousandths, as of the last
+    /// measurement ([`UNKNOWN_SHARE`] without any).
+    pub fn within_permille(&self) -> u32 {
+        self.within_permille.load(Ordering::Relaxed)
+    }
+
+    /// Predict from the samples held, and publish what the pick path reads of it.
+    fn publish_prediction(
+        &self,
+        stats: &Stats,
+        now: Instant,
+        settings: &ServiceSettings,
+    ) -> crate::estimator::Prediction {
+        let prediction = stats.estimator.predict(
+            now,
+            settings.qos_pool.max_age,
+            settings.latency_slo,
+            settings.slo_percentile,
+        );
+        let score = prediction
+            .quantile
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.score_micros.store(score, Ordering::Relaxed);
+        let share = match prediction.samples {
+            0 => UNKNOWN_SHARE,
+            n => (prediction.within_slo * 1000 / n) as u32,
+        };
+        self.within_permille.store(share, Ordering::Relaxed);
+        prediction
     }
 
     /// The peak-EWMA response time at `now` (decayed since its last sample), or `None`
@@ -481,18 +525,18 @@ impl EndpointState {
                 let exp = stats.connect_failures.saturating_sub(1).min(16);
                 let cooldown = COOLDOWN_BASE.saturating_mul(1 << exp).min(COOLDOWN_MAX);
                 self.set_cooldown(now + cooldown);
-                self.failed(&mut stats, now, None, obs.late);
+                self.failed(&mut stats, now, None, obs.late, slo);
                 false
             }
             Outcome::Failed => {
                 stats.connect_failures = 0;
-                self.failed(&mut stats, now, None, obs.late);
+                self.failed(&mut stats, now, None, obs.late, slo);
                 false
             }
             Outcome::Answered { status, .. } if settings.failure_status.contains(status) => {
                 stats.connect_failures = 0;
                 self.cooldown_until.store(0, Ordering::Relaxed);
-                self.failed(&mut stats, now, Some(status), obs.late);
+                self.failed(&mut stats, now, Some(status), obs.late, slo);
                 false
             }
             Outcome::Answered { latency, .. } | Outcome::Response { latency } => {
@@ -501,6 +545,11 @@ impl EndpointState {
                 stats.ejection_capped = false;
                 self.cooldown_until.store(0, Ordering::Relaxed);
                 self.update_peak_ewma(now, latency);
+                if obs.late {
+                    // Its miss was stored when it went overdue; now it has a time.
+                    stats.estimator.resolve_overdue(slo, Some(latency));
+                    return self.settle(&mut stats, now, settings, latency <= slo, obs);
+                }
                 let set_aside = latency > slo && latency.saturating_sub(obs.stall) <= slo;
                 if set_aside {
                     // No verdict either way (see `Observation::stall`).
@@ -510,25 +559,45 @@ impl EndpointState {
                     }
                     return None;
                 }
-                if !obs.late {
-                    stats.estimator.record(now, latency);
-                }
+                stats.estimator.record(now, latency);
                 latency <= slo
             }
         };
+        self.settle(&mut stats, now, settings, good, obs)
+    }
+
+    /// The verdict of an outcome whose sample is stored: judge admission on it.
+    fn settle(
+        &self,
+        stats: &mut Stats,
+        now: Instant,
+        settings: &ServiceSettings,
+        good: bool,
+        obs: &Observation<'_>,
+    ) -> Option<PoolChange> {
         if obs.from_probe {
             stats.probe_in_flight = false;
         }
         self.measured.store(true, Ordering::Relaxed);
-        self.advance(&mut stats, now, settings, Some(good), obs)
+        self.advance(stats, now, settings, Some(good), obs)
     }
 
-    /// A failure of any kind: a miss in the window, one more in a row.
-    fn failed(&self, stats: &mut Stats, now: Instant, status: Option<u16>, late: bool) {
+    /// A failure of any kind: a miss in the window (the overdue one made a failure, when
+    /// `late`), one more in a row.
+    fn failed(
+        &self,
+        stats: &mut Stats,
+        now: Instant,
+        status: Option<u16>,
+        late: bool,
+        slo: Duration,
+    ) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         stats.consecutive_failures = stats.consecutive_failures.saturating_add(1);
         stats.last_failure_status = status;
-        if !late {
+        if late {
+            stats.estimator.resolve_overdue(slo, None);
+        } else {
             stats.estimator.record_failure(now);
         }
         self.update_peak_ewma(now, PEAK_EWMA_FAILURE);
@@ -544,7 +613,7 @@ impl EndpointState {
         obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
-        stats.estimator.record_failure(now);
+        stats.estimator.record_overdue(now, settings.latency_slo);
         self.measured.store(true, Ordering::Relaxed);
         self.advance(&mut stats, now, settings, None, obs)
     }
@@ -582,18 +651,10 @@ impl EndpointState {
         obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let q = &settings.qos_pool;
-        let prediction = stats.estimator.predict(
-            now,
-            q.max_age,
-            settings.latency_slo,
-            settings.slo_percentile,
-        );
-        let score = prediction
-            .quantile
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.score_micros.store(score, Ordering::Relaxed);
+        let prediction = self.publish_prediction(stats, now, settings);
         let samples = prediction.samples;
         let meets = prediction.meets(settings.slo_percentile).unwrap_or(false);
+        let misses = prediction.likely_misses(settings.slo_percentile, q.verdict_confidence);
         let all_miss = samples > 0 && prediction.within_slo == 0;
         let before = stats.admission;
         stats.admission = match before {
@@ -608,14 +669,14 @@ impl EndpointState {
                     self.evict(stats, now, settings, EvictionCause::ConsecutiveFailures)
                 } else {
                     stats.ejection_capped = failing;
-                    if judged && !meets {
+                    if judged && (misses || all_miss) {
                         if (obs.keep_in_pool)() {
                             stats.kept_during_stall = true;
                             before
                         } else {
                             self.evict(stats, now, settings, EvictionCause::Latency)
                         }
-                    } else if samples >= q.min_samples || (judged && meets && warmed_long) {
+                    } else if samples >= q.min_samples || (judged && warmed_long) {
                         stats.kept_during_stall = false;
                         Admission::Admitted
                     } else {
@@ -667,6 +728,10 @@ impl EndpointState {
             stats.warming_since = None;
         }
         let in_pool = stats.admission.in_pool();
+        if in_pool && !before.in_pool() {
+            // Re-admission forgot the misses that evicted it.
+            self.publish_prediction(stats, now, settings);
+        }
         self.admitted.store(in_pool, Ordering::Relaxed);
         self.warming
             .store(stats.admission == Admission::Warming, Ordering::Relaxed);

@@ -17,8 +17,13 @@
 //!   `/debug/pools` and breaks ties between equally good fallbacks.
 //!
 //! Failed requests (a failure status such as a fast `500`, a reset, a timeout, a refused
-//! connection, or an attempt still unanswered when the SLO passed) are stored as misses:
-//! they count against the SLO whatever the threshold. Reading never changes the estimator; `now` is always passed in.
+//! connection) are stored as misses: they count against the SLO whatever the threshold.
+//! An attempt still unanswered when the SLO passed is stored at once as the least it is
+//! known to take, the SLO and a microsecond (a miss, so that a pod that hangs leaves in
+//! one SLO); when its outcome comes, that placeholder takes the real time, or becomes a
+//! failure. So a pod that answers 13 ms against a 12 ms SLO is predicted at 13 ms, not
+//! as a failure: the empty-pool fallback tells "misses now and then by a little" from
+//! "fails". Reading never changes the estimator; `now` is always passed in.
 //!
 //! Cost: the pool re-judges an endpoint after every measurement, so the estimator keeps
 //! its window's values sorted as they come and go (an insertion and a removal in a
@@ -58,6 +63,12 @@ pub(crate) const MAX_MICROS: u32 = MISS_US - 1;
 /// Where a stamp lands after the base moves forward (see the module docs): half the
 /// range, so that the newer half of the range is free again.
 const REBASED_STAMP: u32 = u32::MAX / 2;
+
+/// What an overdue attempt is stored as until its outcome comes (see the module docs):
+/// a miss of `slo_us` by the least amount.
+fn overdue_placeholder(slo_us: u32) -> u32 {
+    slo_us.saturating_add(1).min(MAX_MICROS)
+}
 
 /// `d` in microseconds, saturating at [`MAX_MICROS`].
 fn micros_of(d: Duration) -> u32 {
@@ -113,6 +124,56 @@ impl Prediction {
     pub fn meets(&self, percentile: f64) -> Option<bool> {
         (self.samples > 0).then(|| meets_share(self.within_slo, self.samples, percentile))
     }
+
+    /// Whether the fresh samples show, at `confidence` percent, that the pod misses the
+    /// SLO at the percentile (see [`likely_misses`]).
+    pub fn likely_misses(&self, percentile: f64, confidence: f64) -> bool {
+        likely_misses(self.within_slo, self.samples, percentile, confidence)
+    }
+}
+
+/// Whether `samples` answers of which `within` met the SLO are evidence, at `confidence`
+/// percent, that a pod misses the SLO at `percentile`.
+///
+/// A pod that meets "p95" still misses one answer in twenty, and a window of 64 holds 4
+/// or more such misses a quarter of the time, at random: judged on the share alone (the
+/// point estimate), a pod that meets its SLO is evicted every few hundred requests, and
+/// host jitter that makes every pod miss at once empties the pool. QEdgeProxy (§III-B)
+/// keeps in the pool the instances "likely to satisfy the QoS requirements"; we evict
+/// only when the misses are unlikely for a pod that meets it: a one-sided binomial test,
+/// `P(X ≥ misses) < 1 − confidence` for `X ~ Binomial(samples, 1 − percentile)`. At 95%
+/// confidence and p95 that is 7 misses of 64 (4 on the share alone), 3 of 10, 2 of 3;
+/// at p99, 3 of 64 instead of 1. With `confidence` 0, or a percentile of 100, the share
+/// alone decides.
+pub fn likely_misses(within: usize, samples: usize, percentile: f64, confidence: f64) -> bool {
+    if samples == 0 || meets_share(within, samples, percentile) {
+        return false;
+    }
+    let miss_rate = 1.0 - percentile / 100.0;
+    if confidence <= 0.0 || miss_rate <= 0.0 {
+        return true;
+    }
+    binomial_tail(samples, miss_rate, samples - within) < 1.0 - confidence / 100.0
+}
+
+/// `P(X ≥ k)` for `X ~ Binomial(n, p)`, `0 < p < 1`, summed in logs (no underflow for
+/// the 4096-sample windows the settings allow).
+fn binomial_tail(n: usize, p: f64, k: usize) -> f64 {
+    let (ln_p, ln_q) = (p.ln(), (1.0 - p).ln());
+    // ln C(n, k), then each next term from the one before.
+    let ln_choose: f64 = (1..=k).map(|i| ((n - k + i) as f64 / i as f64).ln()).sum();
+    let mut ln_term = ln_choose + k as f64 * ln_p + (n - k) as f64 * ln_q;
+    let mut tail = 0.0;
+    for j in k..=n {
+        let term = ln_term.exp();
+        tail += term;
+        // Past the mean the terms shrink geometrically: stop when they stop counting.
+        if (j as f64) > n as f64 * p && term < tail * 1e-12 {
+            break;
+        }
+        ln_term += ((n - j) as f64 / (j + 1) as f64).ln() + ln_p - ln_q;
+    }
+    tail.min(1.0)
 }
 
 fn meets_share(within: usize, samples: usize, percentile: f64) -> bool {
@@ -149,7 +210,11 @@ impl LatencyEstimator {
     pub fn record(&mut self, now: Instant, latency: Duration) {
         let micros = micros_of(latency);
         self.push(now, micros);
-        let x = micros as f64;
+        self.update_ewma(micros);
+    }
+
+    fn update_ewma(&mut self, micros: u32) {
+        let x = f64::from(micros);
         self.ewma_us = Some(match self.ewma_us {
             Some(prev) => prev + EWMA_ALPHA * (x - prev),
             None => x,
@@ -159,6 +224,32 @@ impl LatencyEstimator {
     /// Record a failed request (reset, timeout, 5xx from a broken connection).
     pub fn record_failure(&mut self, now: Instant) {
         self.push(now, MISS_US);
+    }
+
+    /// Record an attempt still unanswered at `now`, when `slo` has passed: a miss, stored
+    /// as the least it will take until [`Self::resolve_overdue`] says how it ended.
+    pub fn record_overdue(&mut self, now: Instant, slo: Duration) {
+        self.push(now, overdue_placeholder(micros_of(slo)));
+    }
+
+    /// An attempt recorded overdue ended: its placeholder (the oldest one still in the
+    /// window) takes its response time, or becomes a failure (`None`). Returns whether a
+    /// placeholder was there to take it; the window may have moved past it.
+    pub fn resolve_overdue(&mut self, slo: Duration, latency: Option<Duration>) -> bool {
+        let placeholder = overdue_placeholder(micros_of(slo));
+        let Some(sample) = self.samples.iter_mut().find(|s| s.micros == placeholder) else {
+            return false;
+        };
+        let micros = latency.map_or(MISS_US, |l| micros_of(l).max(placeholder));
+        sample.micros = micros;
+        let old = self.sorted.partition_point(|&v| v < placeholder);
+        self.sorted.remove(old);
+        let new = self.sorted.partition_point(|&v| v < micros);
+        self.sorted.insert(new, micros);
+        if let Some(latency) = latency {
+            self.update_ewma(micros_of(latency));
+        }
+        true
     }
 
     /// `at` as a [`Stamp`] (0 while there is no sample yet).
@@ -400,6 +491,56 @@ mod tests {
             e.predict(t0, ms(1000), ms(50), 100.0).quantile,
             Some(ms(100))
         );
+    }
+
+    #[test]
+    fn an_overdue_attempt_is_a_miss_until_its_answer_gives_it_a_time() {
+        let t0 = Instant::now();
+        let mut e = LatencyEstimator::new(8);
+        let slo = ms(12);
+        for _ in 0..3 {
+            e.record(t0, ms(8));
+        }
+        e.record_overdue(t0, slo);
+        let p = e.predict(t0, ms(1000), slo, 75.0);
+        assert_eq!((p.samples, p.within_slo), (4, 3), "a miss at once");
+        assert_eq!(p.quantile, Some(ms(8)));
+        // The highest rank is the placeholder: the least it will take.
+        let p = e.predict(t0, ms(1000), slo, 100.0);
+        assert_eq!(p.quantile, Some(Duration::from_micros(12_001)));
+        // Answered in 14 ms: still a miss, now with its time.
+        assert!(e.resolve_overdue(slo, Some(ms(14))));
+        let p = e.predict(t0, ms(1000), slo, 100.0);
+        assert_eq!((p.within_slo, p.quantile), (3, Some(ms(14))));
+        // Nothing left to resolve.
+        assert!(!e.resolve_overdue(slo, Some(ms(14))));
+        // One that ends in a failure is a failure.
+        e.record_overdue(t0, slo);
+        assert!(e.resolve_overdue(slo, None));
+        assert_eq!(
+            e.predict(t0, ms(1000), slo, 100.0).quantile,
+            Some(Duration::MAX)
+        );
+        assert_eq!(e.predict(t0, ms(1000), slo, 100.0).within_slo, 3);
+    }
+
+    #[test]
+    fn misses_must_be_more_than_chance_to_count_against_a_pod() {
+        // p95, confidence 95%: the thresholds the docs give.
+        let evicts_at =
+            |n: usize, p: f64, c: f64| (0..=n).find(|&misses| likely_misses(n - misses, n, p, c));
+        assert_eq!(evicts_at(64, 95.0, 95.0), Some(7));
+        assert_eq!(evicts_at(10, 95.0, 95.0), Some(3));
+        assert_eq!(evicts_at(3, 95.0, 95.0), Some(2));
+        assert_eq!(evicts_at(64, 99.0, 95.0), Some(3));
+        // Confidence 0: the share alone.
+        assert_eq!(evicts_at(64, 95.0, 0.0), Some(4));
+        assert_eq!(evicts_at(64, 99.0, 0.0), Some(1));
+        // p100 allows no miss at any confidence.
+        assert_eq!(evicts_at(64, 100.0, 95.0), Some(1));
+        // Large windows do not underflow; the margin shrinks as evidence grows.
+        assert_eq!(evicts_at(4096, 95.0, 95.0), Some(229));
+        assert!(binomial_tail(4096, 0.5, 2048) > 0.49);
     }
 
     #[test]

@@ -177,6 +177,8 @@ fn explain_route(
 ) -> ServiceExplain {
     let s = route.settings();
     let pool = route.pool();
+    let processing = route.processing_estimate(env, local_node, now);
+    let too_far = |i: usize| route.too_far(i, env, local_node, now, processing);
     let endpoints = route
         .endpoints
         .iter()
@@ -220,10 +222,10 @@ fn explain_route(
                     ),
                 };
                 let mut base = match admission {
-                    Admission::Warming if route.too_far(i, env, local_node, now).is_some() => {
+                    Admission::Warming if too_far(i).is_some() => {
                         format!(
-                            "initial estimate: its node's RTT from here ({}ms) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
-                            route.too_far(i, env, local_node, now).map_or(0.0, ms),
+                            "initial estimate: its node's RTT from here plus the service's processing time ({}ms) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
+                            too_far(i).map_or(0.0, ms),
                             ms(s.latency_slo)
                         )
                     }
@@ -234,6 +236,13 @@ fn explain_route(
                     Admission::Warming => format!(
                         "warming up: {}/{} fresh samples, initial estimate assumes it meets the SLO",
                         prediction.samples, s.qos_pool.min_samples
+                    ),
+                    Admission::Admitted if prediction.meets(p) == Some(false) => format!(
+                        "meets SLO within its margin: {}/{} within {}ms, under {p}% but by no more than chance explains for a pod that meets it (qos-pool-verdict-confidence {})",
+                        prediction.within_slo,
+                        prediction.samples,
+                        ms(s.latency_slo),
+                        s.qos_pool.verdict_confidence
                     ),
                     Admission::Admitted => format!(
                         "meets SLO: {} <= {}ms over {} samples",

@@ -44,6 +44,39 @@ use crate::model::{Endpoint, ServiceKey, ServiceSpec};
 use crate::pool_list::{PoolList, PoolView};
 use crate::settings::ServiceSettings;
 
+/// What this proxy expects of an endpoint's next answer: the empty-pool fallback ranks
+/// endpoints by it (see `strategy::qos_pool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// Share of answers within the SLO, in thousandths.
+    pub within_permille: u32,
+    /// Response time at the SLO percentile, µs (`u64::MAX`: that rank is a failure).
+    pub micros: u64,
+    /// Whether from this proxy's own measurements of it (otherwise predicted from its
+    /// node's RTT and the service's processing time).
+    pub measured: bool,
+}
+
+impl Expected {
+    /// The better of two expectations comes first: more answers within the SLO, then
+    /// the shorter time.
+    pub fn quality(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .within_permille
+            .cmp(&self.within_permille)
+            .then(self.micros.cmp(&other.micros))
+    }
+
+    /// Whether this is as good as `best` for all practical purposes: within 2 points of
+    /// its share and 10% (or a millisecond) of its time. Level endpoints share the
+    /// fallback's load rather than one taking all of it.
+    pub fn level_with(&self, best: &Self) -> bool {
+        let time_margin = (best.micros / 10).max(1000);
+        self.within_permille + 20 >= best.within_permille
+            && self.micros <= best.micros.saturating_add(time_margin)
+    }
+}
+
 /// An endpoint of a routed service: what discovery said, plus the live state.
 #[derive(Debug)]
 pub struct RouteEndpoint {
@@ -262,29 +295,37 @@ impl Route {
     }
 
     /// Whether the endpoint at `index` is due its first probe: never measured, and not
-    /// kept out by the initial estimate (see [`Self::too_far`]).
+    /// kept out by the initial estimate (see [`Self::too_far`]; `processing` is the
+    /// service's, [`Self::processing_estimate`]).
     pub fn needs_first_probe(
         &self,
         index: usize,
         env: &Environment,
         local_node: Option<&str>,
         now: Instant,
+        processing: Option<Duration>,
     ) -> bool {
         let state = &self.endpoints[index].state;
-        state.warming() && !state.measured() && self.too_far(index, env, local_node, now).is_none()
+        state.warming()
+            && !state.measured()
+            && self
+                .too_far(index, env, local_node, now, processing)
+                .is_none()
     }
 
     /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
     /// such as environmental conditions"): an endpoint not yet judged on its own
-    /// measurements, whose node's round-trip time from this proxy alone exceeds the SLO,
-    /// cannot meet it and is not tried. Returns that RTT. Endpoints on this node, without
-    /// a node, or without a fresh RTT reading are given the benefit of the doubt.
+    /// measurements, whose node's round-trip time from this proxy plus the service's
+    /// `processing` time ([`Self::processing_estimate`], when known) exceeds the SLO,
+    /// cannot meet it and is not tried. Returns that prediction. Endpoints on this node,
+    /// without a node, or without a fresh RTT reading are given the benefit of the doubt.
     pub fn too_far(
         &self,
         index: usize,
         env: &Environment,
         local_node: Option<&str>,
         now: Instant,
+        processing: Option<Duration>,
     ) -> Option<Duration> {
         let endpoint = &self.endpoints[index];
         if !endpoint.state.warming() {
@@ -295,7 +336,90 @@ impl Route {
             return None;
         }
         env.latency(node, now)
-            .filter(|rtt| *rtt > self.spec.settings.latency_slo)
+            .map(|rtt| rtt + processing.unwrap_or_default())
+            .filter(|predicted| *predicted > self.spec.settings.latency_slo)
+    }
+
+    /// The round-trip time from this proxy to the endpoint's node: 0 on this node, the
+    /// fresh reading otherwise, `None` when there is none (or no node).
+    fn rtt(
+        &self,
+        index: usize,
+        env: &Environment,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let node = self.endpoints[index].endpoint.node.as_deref()?;
+        if Some(node) == local_node {
+            return Some(Duration::ZERO);
+        }
+        env.latency(node, now)
+    }
+
+    /// How long this service's pods take to answer once a request reaches them, as this
+    /// proxy measured it: the median, over the eligible endpoints it has measured, of the
+    /// response time at the SLO percentile less the round-trip time to the endpoint's
+    /// node. QEdgeProxy §II faults predictions "predominantly based on network latency,
+    /// thus not capturing processing delays or the waiting time induced by the target
+    /// instance's queue"; this is the part the RTT leaves out. `None` without such a
+    /// measurement.
+    pub fn processing_estimate(
+        &self,
+        env: &Environment,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let mut processing: Vec<u64> = self
+            .eligible
+            .iter()
+            .filter_map(|&i| {
+                let score = self.endpoints[i].state.score_micros();
+                let rtt = self.rtt(i, env, local_node, now)?;
+                (score > 0 && score < u64::MAX).then(|| {
+                    score.saturating_sub(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX))
+                })
+            })
+            .collect();
+        if processing.is_empty() {
+            return None;
+        }
+        let middle = processing.len() / 2;
+        let (_, median, _) = processing.select_nth_unstable(middle);
+        Some(Duration::from_micros(*median))
+    }
+
+    /// What this proxy expects of the endpoint at `index` (see [`Expected`]): its own
+    /// measurements when it has fresh ones; otherwise its node's round-trip time plus
+    /// `processing` (the service's, [`Self::processing_estimate`]), within the SLO or not.
+    /// An endpoint whose node's RTT is unknown is expected to take the SLO (never the
+    /// best unknown).
+    pub fn expected(
+        &self,
+        index: usize,
+        processing: Option<Duration>,
+        env: &Environment,
+        local_node: Option<&str>,
+        now: Instant,
+    ) -> Expected {
+        let state = &self.endpoints[index].state;
+        let within = state.within_permille();
+        if within != crate::endpoint::UNKNOWN_SHARE {
+            return Expected {
+                within_permille: within,
+                micros: state.score_micros(),
+                measured: true,
+            };
+        }
+        let slo = self.spec.settings.latency_slo;
+        let time = match self.rtt(index, env, local_node, now) {
+            Some(rtt) => rtt + processing.unwrap_or_default(),
+            None => slo,
+        };
+        Expected {
+            within_permille: if time <= slo { 1000 } else { 0 },
+            micros: u64::try_from(time.as_micros()).unwrap_or(u64::MAX),
+            measured: false,
+        }
     }
 
     /// The endpoint index with this id.

@@ -80,12 +80,14 @@ impl ServiceRoute {
     /// joined get their spreading counter level with the others'. Callers hold the
     /// router's writer lock.
     fn refresh_pool(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
+        let processing = self.processing_estimate(env, local_node, now);
         let candidates: Vec<usize> = self
             .eligible()
             .iter()
             .copied()
             .filter(|&i| {
-                self.endpoints[i].state.in_pool() && self.too_far(i, env, local_node, now).is_none()
+                self.endpoints[i].state.in_pool()
+                    && self.too_far(i, env, local_node, now, processing).is_none()
             })
             .collect();
         let probe_first = self.awaits_first_probe(&candidates);
@@ -913,12 +915,17 @@ impl Router {
             let settings = route.settings();
             let port_name = resolve_port(route, None).unwrap_or("");
             let env = &table.environment;
+            let processing = std::cell::OnceCell::new();
             for slot in slots {
                 let i = eligible[slot];
                 let ep = &route.endpoints[i];
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
-                let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
+                let first_probe = ep.state.warming() && !ep.state.measured() && {
+                    let processing = *processing
+                        .get_or_init(|| route.processing_estimate(env, self.local_node(), now));
+                    route.needs_first_probe(i, env, self.local_node(), now, processing)
+                };
                 if ep.state.in_pool() && !first_probe {
                     continue;
                 }
@@ -964,10 +971,13 @@ impl Router {
             .values()
             .filter(|route| route.strategy.probes_evicted())
             .map(|route| {
+                let processing = route.processing_estimate(env, self.local_node(), now);
                 route
                     .eligible()
                     .iter()
-                    .filter(|&&i| route.needs_first_probe(i, env, self.local_node(), now))
+                    .filter(|&&i| {
+                        route.needs_first_probe(i, env, self.local_node(), now, processing)
+                    })
                     .count()
             })
             .sum()

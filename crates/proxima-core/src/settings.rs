@@ -49,6 +49,11 @@ pub struct QosPoolParams {
     pub slow_start: Duration,
     /// What the background probes look like (`qos-pool-probe`).
     pub probe: ProbeShape,
+    /// `qos-pool-verdict-confidence`, in percent: a pod leaves the pool for latency only
+    /// when its fresh samples miss the SLO percentile by more than chance explains at
+    /// this confidence (see `estimator::likely_misses`); 0 judges on the share alone, as
+    /// QEdgeProxy's point estimate does.
+    pub verdict_confidence: f64,
 }
 
 /// What background probes of evicted endpoints look like (`qos-pool-probe`).
@@ -80,6 +85,7 @@ impl Default for QosPoolParams {
             max_ejection_percent: 50.0,
             slow_start: Duration::from_secs(10),
             probe: ProbeShape::Path,
+            verdict_confidence: 95.0,
         }
     }
 }
@@ -275,16 +281,18 @@ impl ServiceSettings {
                 self.qos_pool.eject_after = parse_count(key, value, 0, 1000)? as u32;
             }
             "qos-pool-max-ejection-percent" => {
-                self.qos_pool.max_ejection_percent = value
-                    .trim_end_matches('%')
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|p| (0.0..=100.0).contains(p))
-                    .ok_or_else(|| {
-                        SettingError::new(key, value, "a percentage from 0 to 100, e.g. \"50\"")
-                    })?;
+                self.qos_pool.max_ejection_percent =
+                    percent(key, value, 100.0, "a percentage from 0 to 100, e.g. \"50\"")?;
             }
             "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
+            "qos-pool-verdict-confidence" => {
+                self.qos_pool.verdict_confidence = percent(
+                    key,
+                    value,
+                    99.9,
+                    "a percentage from 0 to 99.9, e.g. \"95\" (0: the share alone decides)",
+                )?;
+            }
             "retry-budget-ratio" => {
                 self.retry_budget.ratio = value
                     .parse::<f64>()
@@ -468,6 +476,16 @@ fn duration_error(key: &str, value: &str) -> SettingError {
 /// 71 minutes (`estimator.rs`), so a longer SLO could not be judged as written.
 const MAX_LATENCY_SLO: Duration = Duration::from_secs(3600);
 
+/// A percentage from 0 to `max`, with or without `%`.
+fn percent(key: &str, value: &str, max: f64, expected: &str) -> Result<f64, SettingError> {
+    value
+        .trim_end_matches('%')
+        .parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=max).contains(p))
+        .ok_or_else(|| SettingError::new(key, value, expected))
+}
+
 fn positive(key: &str, value: &str, d: Duration) -> Result<Duration, SettingError> {
     if d.is_zero() {
         Err(SettingError::new(
@@ -636,17 +654,20 @@ mod tests {
             ("qos-pool-eject-after", "7"),
             ("qos-pool-max-ejection-percent", "34%"),
             ("qos-pool-slow-start", "0s"),
+            ("qos-pool-verdict-confidence", "99%"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(s.qos_pool.eject_after, 7);
         assert_eq!(s.qos_pool.max_ejection_percent, 34.0);
         assert_eq!(s.qos_pool.slow_start, Duration::ZERO);
+        assert_eq!(s.qos_pool.verdict_confidence, 99.0);
         let (s, errors) = ServiceSettings::from_pairs([
             ("qos-pool-eject-after", "-1"),
             ("qos-pool-max-ejection-percent", "101"),
             ("qos-pool-slow-start", "10"),
+            ("qos-pool-verdict-confidence", "100"),
         ]);
-        assert_eq!(errors.len(), 3);
+        assert_eq!(errors.len(), 4);
         assert_eq!(s.qos_pool, QosPoolParams::default());
     }
 

@@ -3,6 +3,8 @@
 //! stalls, an even spread and judged quiet services. Deterministic: time is passed in and
 //! the RNGs are seeded.
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -78,15 +80,7 @@ fn ok(latency: Duration) -> Outcome {
 }
 
 fn pool(router: &Router) -> Vec<String> {
-    let table = router.table();
-    let route = &table.services[&key()];
-    let mut ids: Vec<String> = route
-        .pool()
-        .iter()
-        .map(|&i| route.endpoints[i].endpoint.id.clone())
-        .collect();
-    ids.sort();
-    ids
+    common::pool_of(router, &key())
 }
 
 fn explain(router: &Router, now: Instant, id: &str) -> proxima_core::explain::EndpointExplain {
@@ -271,7 +265,16 @@ fn the_ejection_cap_keeps_part_of_the_pool_when_every_pod_fails() {
 #[test]
 fn an_overdue_attempt_is_a_miss_at_once_and_its_late_answer_is_not_counted_twice() {
     let t0 = Instant::now();
-    let r = router(2, &[("latency-slo", "100ms")], t0);
+    // Judged on the share alone, so that four misses decide (the margin has tests of
+    // its own, tight_slo.rs and qos_pool.rs).
+    let r = router(
+        2,
+        &[
+            ("latency-slo", "100ms"),
+            ("qos-pool-verdict-confidence", "0"),
+        ],
+        t0,
+    );
     let mut rng = SmallRng::seed_from_u64(5);
     for i in 0..60 {
         request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
@@ -386,6 +389,8 @@ fn a_pod_that_flaps_waits_longer_each_time_and_is_forgiven_when_it_stays_healthy
             ("latency-slo", "80ms"),
             ("qos-pool-probe-interval", "100ms"),
             ("qos-pool-max-age", "10s"),
+            // One slow answer evicts (on the share alone): the flaps are what is tested.
+            ("qos-pool-verdict-confidence", "0"),
         ],
         t0,
     );
@@ -482,6 +487,8 @@ fn a_readmitted_pod_keeps_its_good_history_so_one_outlier_does_not_evict_it() {
         &[
             ("latency-slo", "80ms"),
             ("qos-pool-probe-interval", "100ms"),
+            // Judged on the share alone: four slow answers of 54 evict.
+            ("qos-pool-verdict-confidence", "0"),
         ],
         t0,
     );
@@ -580,9 +587,10 @@ fn noise_during_a_measured_stall_does_not_empty_a_healthy_pool() {
 }
 
 #[test]
-fn the_empty_pool_fallback_ranks_unmeasured_pods_by_their_node_rtt() {
+fn the_empty_pool_fallback_predicts_unmeasured_pods_from_rtt_plus_processing() {
     // SLO 40 ms. pod-0 (this node) measured at 45 ms; pod-1 never measured, 52 ms away;
-    // pod-2 never measured, 100 ms away. Before, unknown pods scored 0: the best.
+    // pod-2 never measured, 100 ms away. Before, unknown pods scored 0: the best; then
+    // their RTT alone.
     let t0 = Instant::now();
     let r = router(3, &[("latency-slo", "40ms")], t0);
     r.update_environment(|env| {
@@ -600,10 +608,19 @@ fn the_empty_pool_fallback_ranks_unmeasured_pods_by_their_node_rtt() {
         assert_eq!(p.reason, Reason::Fallback);
         assert_eq!(p.endpoint().id, "pod-0");
     }
-    // And an unmeasured pod whose node is closer than the best measurement wins.
+    // pod-1's node comes within the SLO, 30 ms away; but the service's pods take 45 ms
+    // to answer (pod-0 is on this node): 75 ms predicted, kept out, and never preferred
+    // to the pod that answers in 45.
     r.update_environment(|env| env.set_latency("node-1", ms(30), t0 + ms(100)));
+    assert!(pool(&r).is_empty());
+    let e = explain(&r, t0 + ms(100), "pod-1");
+    assert!(
+        e.reason.contains("(75ms) exceeds the 40ms SLO"),
+        "{}",
+        e.reason
+    );
     let p = pick(&r, t0 + ms(100), &mut rng);
-    assert_eq!(p.endpoint().id, "pod-1");
+    assert_eq!(p.endpoint().id, "pod-0");
 }
 
 /// Requests arrive every `gap`; each holds its pod for that pod's latency, so in-flight

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use proxima_core::{Endpoint, ServiceKey};
+use proxima_core::{Endpoint, Router, ServiceKey};
 
 pub fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
@@ -28,4 +28,17 @@ pub fn ids(counts: &HashMap<String, usize>) -> Vec<String> {
     let mut v: Vec<String> = counts.keys().cloned().collect();
     v.sort();
     v
+}
+
+/// The ids of the QoS pool of service `key`, sorted.
+pub fn pool_of(router: &Router, key: &ServiceKey) -> Vec<String> {
+    let table = router.table();
+    let route = &table.services[key];
+    let mut ids: Vec<String> = route
+        .pool()
+        .iter()
+        .map(|&i| route.endpoints[i].endpoint.id.clone())
+        .collect();
+    ids.sort();
+    ids
 }
