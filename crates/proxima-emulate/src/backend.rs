@@ -325,6 +325,11 @@ impl Backend {
         StatusCode::from_u16(self.shared.failing.load(Ordering::Relaxed)).ok()
     }
 
+    /// Whether [`Backend::abort`] killed it.
+    pub fn aborted(&self) -> bool {
+        self.shared.is_aborted()
+    }
+
     /// Number of requests received so far (including `/reset`).
     pub fn hits(&self) -> u64 {
         self.shared.hits.load(Ordering::Relaxed)

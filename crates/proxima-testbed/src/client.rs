@@ -47,6 +47,9 @@ pub struct RequestRecord {
     /// The instance that answered (its `x-backend`), as an index into the run's
     /// instance list; `None` for error answers of the proxy itself.
     pub instance: Option<u16>,
+    /// Whether some instance could have answered it within its service's SLO when it
+    /// was sent, by the cluster's own numbers (see `Cluster::best_response`).
+    pub reachable: bool,
 }
 
 /// Why a request failed.
@@ -241,6 +244,9 @@ pub struct ClientRun {
     pub started: Instant,
     /// Becomes `true` when the run stops.
     pub stop: watch::Receiver<bool>,
+    /// The shortest response time any router could give this client's next request now
+    /// (`None`: none can answer); see `Cluster::best_response`.
+    pub best_response: Arc<dyn Fn() -> Option<Duration> + Send + Sync>,
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -340,6 +346,7 @@ impl ClientRun {
         request
             .headers_mut()
             .insert("content-type", HeaderValue::from_static("application/json"));
+        let reachable = (self.best_response)().is_some_and(|best| best <= self.slo);
         let start = self.started.elapsed();
         let began = Instant::now();
         let exchange = async {
@@ -368,6 +375,7 @@ impl ClientRun {
             status,
             timed_out,
             instance,
+            reachable,
         };
         self.live.done.fetch_add(1, Ordering::Relaxed);
         self.live.latency_us.fetch_add(

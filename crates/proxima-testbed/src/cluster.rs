@@ -162,6 +162,56 @@ pub struct Cluster {
     firewall: Mutex<Option<Firewall>>,
     stop: watch::Sender<bool>,
     tasks: Mutex<JoinSet<()>>,
+    /// The `busy-host` event's spinning threads.
+    hog: CpuHog,
+}
+
+/// Threads that keep CPUs busy (`busy-host`): each spins until told to stop, yielding
+/// now and then so the kernel's scheduler shares the core as it would with any busy
+/// process.
+#[derive(Debug, Default)]
+pub struct CpuHog {
+    running: Mutex<
+        Vec<(
+            Arc<std::sync::atomic::AtomicBool>,
+            std::thread::JoinHandle<()>,
+        )>,
+    >,
+}
+
+impl CpuHog {
+    /// Keep exactly `cores` threads spinning (0: none).
+    pub fn set(&self, cores: usize) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        for (stop, thread) in running.drain(..) {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = thread.join();
+        }
+        for k in 0..cores {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("busy-host-{k}"))
+                .spawn(move || {
+                    let mut x = 0u64;
+                    while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        for _ in 0..10_000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                })
+                .expect("spawn a busy-host thread");
+            running.push((stop, thread));
+        }
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.set(0);
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -308,6 +358,7 @@ impl Cluster {
             firewall: Mutex::new(firewall),
             stop,
             tasks: Mutex::new(JoinSet::new()),
+            hog: CpuHog::default(),
         };
 
         // Instances first, so that the first topology already lists them.
@@ -977,6 +1028,7 @@ impl Cluster {
                 }
                 self.publish().await?;
             }
+            Action::BusyHost { cores } => self.hog.set(*cores),
             Action::Usage { node, cpu, ram } => {
                 let mut state = self.lock();
                 let bg = &mut state.background[*node];
@@ -1045,6 +1097,42 @@ impl Cluster {
             .ok_or_else(|| TestbedError::Invalid(format!("no instance {name:?}")))
     }
 
+    /// The shortest response time any router could give client `index`'s next request
+    /// now: over its service's instances that are listed, alive, not failing and
+    /// reachable from the client's node, the client link's round trip, the nodes' round
+    /// trip and the instance's mean processing time (with any overload). `None` when no
+    /// instance can answer at all. Host lag and queueing are left out: what no router
+    /// could foresee or avoid. The share of the requests that could meet the SLO which
+    /// did is the report's "of reachable" (issue 30).
+    pub fn best_response(&self, index: usize) -> Option<Duration> {
+        let client = &self.scenario.clients[index];
+        let from = client.node;
+        let state = self.lock();
+        if state.down[from] {
+            return None;
+        }
+        state
+            .instances
+            .iter()
+            .filter(|inst| inst.service == client.service && inst.listed)
+            .filter_map(|inst| {
+                let (backend, _) = inst.running.as_ref()?;
+                let to = inst.node;
+                let unreachable = state.down[to]
+                    || (from != to && (state.blackholed[from][to] || state.blackholed[to][from]));
+                if unreachable || backend.aborted() || backend.failing().is_some() {
+                    return None;
+                }
+                let network = if from == to {
+                    Duration::ZERO
+                } else {
+                    state.one_way[from][to] + state.one_way[to][from]
+                };
+                Some(client.latency * 2 + network + backend.delay() + backend.processing().mean())
+            })
+            .min()
+    }
+
     /// The one-way delay from node `from` to node `to` right now.
     pub fn one_way(&self, from: usize, to: usize) -> Duration {
         self.lock().one_way[from][to]
@@ -1102,6 +1190,7 @@ impl Cluster {
             }
         }
         let _ = self.stop.send(true);
+        self.hog.set(0);
         let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         let drained = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(5), drained)

@@ -4,13 +4,15 @@
 //! A generated scenario has `nodes` nodes spread over `regions` regions (two zones per
 //! region when there are enough nodes), a latency matrix that grows from zone to region
 //! to the world (one way: 1–3 ms inside a zone, 5–15 ms inside a region, 25–70 ms
-//! between regions), `services` services, each with its own SLO and percentile and
+//! between regions), `services` services, each with its own SLO and percentile (from
+//! 12 ms at p95, which only pods in the client's zone can meet, to 400 ms at p99) and
 //! three to five instances on random nodes (one of them joining later), an open-loop
 //! client per service and region, and a timeline that uses every event kind once, in
 //! an order that is valid by construction: an overload and its reset, a burst of 503
 //! errors from that instance and its end, a join, a region
 //! flap and its reset, a blackhole and its reset, a node loss and its return, a leave, a
-//! failure and a usage change. The same arguments give the same file.
+//! failure and a usage change, and a busy host (a spinning thread on one core) for the
+//! last phase. The same arguments give the same file.
 
 use std::fmt::Write as _;
 
@@ -134,11 +136,14 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
     }
 
     const SLOS: &[(u32, f64)] = &[
+        (12, 95.0),
+        (25, 95.0),
         (40, 95.0),
         (60, 90.0),
         (100, 90.0),
         (150, 99.0),
         (250, 99.0),
+        (400, 99.0),
     ];
     let mut instances: Vec<Vec<Instance>> = Vec::new();
     let _ = writeln!(out, "services:");
@@ -307,9 +312,14 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
         last.push(format!("{{ usage: {{ node: {}, cpu: 0.9 }} }}", node(n)));
     }
     event("fail", t(0.86), &last);
+    event(
+        "busy",
+        t(0.92),
+        &["{ busy-host: { cores: 1 } }".to_string()],
+    );
     let _ = writeln!(
         out,
-        "strategies: [qos-pool, round-robin, \"proximity:alpha=0.8\", rap, p2c-ewma]"
+        "strategies: [qos-pool, local, rap, \"proximity:alpha=0.8\", p2c-ewma, round-robin, kube-proxy]"
     );
     let _ = writeln!(
         out,
@@ -361,6 +371,10 @@ mod tests {
             assert!(has(&|a| matches!(a, Action::NodeUp(_))), "seed {seed}");
             assert!(has(&|a| matches!(a, Action::Usage { .. })), "seed {seed}");
             assert!(has(&|a| matches!(a, Action::Errors { .. })), "seed {seed}");
+            assert!(
+                has(&|a| matches!(a, Action::BusyHost { cores: 1 })),
+                "seed {seed}"
+            );
             for change in [
                 LinkChange::Blackhole,
                 LinkChange::Reset,

@@ -55,7 +55,7 @@ pub fn table(runs: &[RunReport]) -> String {
     let width = runs.iter().map(|r| r.label.len()).max().unwrap_or(8).max(8);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>8} {:>9}  host (runtime lag, 1-min load)",
+        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>8} {:>9}  host (runtime lag, 1-min load)",
         "run",
         "requests",
         "avg ms",
@@ -63,6 +63,7 @@ pub fn table(runs: &[RunReport]) -> String {
         "p95 ms",
         "p99 ms",
         "in SLO",
+        "of reach",
         "req/s",
         "errors",
         "timeouts",
@@ -72,7 +73,7 @@ pub fn table(runs: &[RunReport]) -> String {
         let s = &r.summary;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}  {}",
+            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}  {}",
             r.label,
             s.requests,
             s.avg_ms,
@@ -80,6 +81,7 @@ pub fn table(runs: &[RunReport]) -> String {
             s.p95_ms,
             s.p99_ms,
             s.slo_share,
+            s.reachable_share,
             s.throughput,
             s.failed,
             s.timeouts,
@@ -87,6 +89,11 @@ pub fn table(runs: &[RunReport]) -> String {
             r.host.brief(),
         );
     }
+    let _ = writeln!(
+        out,
+        "(of reach: of the requests some instance could have answered within the SLO when \
+         they were sent, by the scenario's delays and processing times, the share that was)"
+    );
     if runs.iter().any(|r| r.host.noisy) {
         let _ = writeln!(
             out,
@@ -108,11 +115,12 @@ pub fn table(runs: &[RunReport]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<width$}  {:<swidth$} {:>14} {:>8} {:>9} {:>4} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
+        "{:<width$}  {:<swidth$} {:>14} {:>8} {:>9} {:>9} {:>4} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
         "run",
         "service",
         "SLO",
         "in SLO",
+        "of reach",
         "at pct",
         "met",
         "avg ms",
@@ -129,11 +137,12 @@ pub fn table(runs: &[RunReport]) -> String {
             let s = &v.summary;
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<swidth$} {:>14} {:>7.2}% {:>9} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8} {:>6}",
+                "{:<width$}  {:<swidth$} {:>14} {:>7.2}% {:>8.2}% {:>9} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8} {:>6}",
                 r.label,
                 v.service,
                 format!("{} ms @ p{}", v.slo_ms, v.percentile),
                 s.slo_share,
+                s.reachable_share,
                 v.at_percentile_ms
                     .map_or("failed".to_string(), |t| format!("{t:.2}")),
                 if v.met { "yes" } else { "no" },
@@ -247,10 +256,11 @@ pub fn table(runs: &[RunReport]) -> String {
         for r in &repeats {
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<swidth$} in SLO {}  at pct {}  p99 {}  spread {}  met {}/{}  noisy {}/{}",
+                "{:<width$}  {:<swidth$} in SLO {}  of reach {}  at pct {}  p99 {}  spread {}  met {}/{}  noisy {}/{}",
                 r.series,
                 r.service,
                 f(&r.slo_share, "%"),
+                f(&r.reachable_share, "%"),
                 f(&r.at_percentile_ms, " ms"),
                 f(&r.p99_ms, " ms"),
                 f(&r.spread, ""),
@@ -320,13 +330,13 @@ pub fn write_files(
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -336,6 +346,8 @@ pub fn write_files(
             s.timeouts,
             s.slo_met,
             s.slo_share,
+            s.reachable,
+            s.reachable_share,
             s.avg_ms,
             s.p50_ms,
             s.p95_ms,
@@ -362,7 +374,7 @@ pub fn write_files(
     write(&dir.join("summary.csv"), &summary)?;
 
     let mut services = String::from(
-        "variant,label,service,phase,slo_ms,percentile,at_percentile_ms,met,requests,failed,timeouts,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,spread,max_per_instance,min_per_instance\n",
+        "variant,label,service,phase,slo_ms,percentile,at_percentile_ms,met,requests,failed,timeouts,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,spread,max_per_instance,min_per_instance\n",
     );
     for r in runs {
         for svc in &r.services {
@@ -378,7 +390,7 @@ pub fn write_files(
                     .collect();
                 let _ = writeln!(
                     services,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     csv_field(&r.variant),
                     csv_field(&r.label),
                     csv_field(&v.service),
@@ -391,6 +403,8 @@ pub fn write_files(
                     s.failed,
                     s.timeouts,
                     s.slo_share,
+                    s.reachable,
+                    s.reachable_share,
                     s.avg_ms,
                     s.p50_ms,
                     s.p95_ms,

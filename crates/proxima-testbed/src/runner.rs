@@ -286,6 +286,10 @@ async fn drive(
             instances: Arc::new(index.clone()),
             started,
             stop: stop_rx.clone(),
+            best_response: {
+                let cluster = cluster.clone();
+                Arc::new(move || cluster.best_response(i))
+            },
         };
         clients.push(tokio::spawn(run.run()));
     }

@@ -228,6 +228,15 @@ struct ActionDoc {
     reset: Option<ResetDoc>,
     node_down: Option<NodeDownDoc>,
     node_up: Option<String>,
+    busy_host: Option<BusyHostDoc>,
+}
+
+/// `busy-host: { cores: 1 }` or `busy-host: off`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum BusyHostDoc {
+    Off(String),
+    Cores { cores: usize },
 }
 
 #[derive(Debug, Deserialize)]
@@ -543,6 +552,13 @@ pub enum Action {
     },
     /// The node is reachable again; its instances that still run are listed again.
     NodeUp(usize),
+    /// Keep `cores` of the host's CPUs busy with spinning threads (a CPU hog: the host
+    /// load every proxy, gate and pod of the run shares), until the next `busy-host`;
+    /// 0 stops them.
+    BusyHost {
+        /// Threads that spin.
+        cores: usize,
+    },
     /// Set a node's background CPU and/or RAM usage.
     Usage {
         /// The node, an index into [`Scenario::nodes`].
@@ -1356,6 +1372,17 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
                     })
                 })());
             }
+            if let Some(busy) = &a.busy_host {
+                found.push(match busy {
+                    BusyHostDoc::Off(off) if off == "off" => Ok(Action::BusyHost { cores: 0 }),
+                    BusyHostDoc::Cores { cores } if *cores <= 64 => {
+                        Ok(Action::BusyHost { cores: *cores })
+                    }
+                    _ => Err(invalid(format!(
+                        "{what}.busy-host: {{ cores: N }} (0 to 64 spinning threads) or `off`"
+                    ))),
+                });
+            }
             if found.len() != 1 {
                 note(Err(invalid(format!(
                     "{what}: each entry is exactly one of {}",
@@ -1494,6 +1521,7 @@ const ACTION_KEYS: &[&str] = &[
     "node-down",
     "node-up",
     "usage",
+    "busy-host",
 ];
 
 fn problems_error(problems: Vec<String>) -> ScenarioError {
@@ -1647,7 +1675,7 @@ fn check_timeline(scenario: &Scenario, docs: &[EventDoc]) -> Vec<String> {
                         ));
                     }
                 }
-                Action::Link { .. } | Action::Usage { .. } => {}
+                Action::Link { .. } | Action::Usage { .. } | Action::BusyHost { .. } => {}
             }
         }
     }
@@ -1667,6 +1695,7 @@ fn action_key(a: &ActionDoc) -> &'static str {
         (a.node_down.is_some(), "node-down"),
         (a.node_up.is_some(), "node-up"),
         (a.usage.is_some(), "usage"),
+        (a.busy_host.is_some(), "busy-host"),
     ]
     .into_iter()
     .find(|(set, _)| *set)

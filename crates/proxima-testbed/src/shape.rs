@@ -227,6 +227,10 @@ const ACTION: Shape = Shape::Map(&[
             ("ram", Shape::Scalar),
         ]),
     ),
+    (
+        "busy-host",
+        Shape::OneOf(&[Shape::Scalar, Shape::Map(&[("cores", Shape::Scalar)])]),
+    ),
 ]);
 const EVENT: Shape = Shape::Map(&[
     ("name", Shape::Scalar),

@@ -30,6 +30,12 @@ pub struct Summary {
     pub slo_met: u64,
     /// `slo_met / requests`, in percent.
     pub slo_share: f64,
+    /// Requests that some instance could have answered within the SLO when they were
+    /// sent (see `Cluster::best_response`): what any router could reach.
+    pub reachable: u64,
+    /// Of those, the ones that did meet the SLO, in percent of `reachable` (100 when
+    /// there were none): the share of what could be reached that was.
+    pub reachable_share: f64,
     /// Mean response time, ms (failed requests with the time they took to fail).
     pub avg_ms: f64,
     /// Median response time, ms (nearest rank).
@@ -78,6 +84,11 @@ impl Summary {
             .iter()
             .filter(|r| r.succeeded() && r.latency <= slo(r))
             .count() as u64;
+        let reachable = records.iter().filter(|r| r.reachable).count() as u64;
+        let reachable_met = records
+            .iter()
+            .filter(|r| r.reachable && r.succeeded() && r.latency <= slo(r))
+            .count() as u64;
         let total: Duration = times.iter().sum();
         let first = records.iter().map(|r| r.start).min().unwrap_or_default();
         let last = records
@@ -93,6 +104,12 @@ impl Summary {
             timeouts,
             slo_met,
             slo_share: (slo_met as f64 * 100.0 / n as f64 * 1e3).round() / 1e3,
+            reachable,
+            reachable_share: if reachable == 0 {
+                100.0
+            } else {
+                (reachable_met as f64 * 100.0 / reachable as f64 * 1e3).round() / 1e3
+            },
             avg_ms: ms(total / u32::try_from(n).unwrap_or(u32::MAX)),
             p50_ms: ms(percentile(&times, 50.0)),
             p95_ms: ms(percentile(&times, 95.0)),
@@ -387,6 +404,8 @@ pub struct RepeatSummary {
     pub noisy: usize,
     /// Share of requests that met the SLO, %.
     pub slo_share: Option<Spread3>,
+    /// Share of the reachable requests that met the SLO, % ([`Summary::reachable_share`]).
+    pub reachable_share: Option<Spread3>,
     /// Over the runs where failures did not reach into the percentile.
     pub at_percentile_ms: Option<Spread3>,
     /// 99th percentile response time, ms.
@@ -427,6 +446,7 @@ pub fn repeat_summaries(runs: &[RunReport]) -> Vec<RepeatSummary> {
                 met: each.iter().filter(|s| s.met).count(),
                 noisy: group.iter().filter(|r| r.host.noisy).count(),
                 slo_share: Spread3::of(&values(&|s| Some(s.summary.slo_share))),
+                reachable_share: Spread3::of(&values(&|s| Some(s.summary.reachable_share))),
                 at_percentile_ms: Spread3::of(&values(&|s| s.at_percentile_ms)),
                 p99_ms: Spread3::of(&values(&|s| Some(s.summary.p99_ms))),
                 spread: Spread3::of(&values(&|s| s.spread)),
@@ -476,6 +496,7 @@ mod tests {
 
     fn record(seq: u64, ms: u64, status: u16, instance: Option<u16>) -> RequestRecord {
         RequestRecord {
+            reachable: true,
             client: 0,
             seq,
             phase: 0,
