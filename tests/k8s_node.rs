@@ -643,6 +643,8 @@ fn stopped_container(w: &mut World) {
     let pid = w.node.container_pid("default", &victim.name);
     w.node.signal(pid, "STOP");
     let stopped = Instant::now();
+    // Whatever fails below, the pod continues: the scenarios after this one use it.
+    let stopped_pod = Continue { node: &w.node, pid };
     let (ep, left) = wait_for(
         "the stopped pod leaves the QoS pool",
         Duration::from_secs(10),
@@ -659,7 +661,7 @@ fn stopped_container(w: &mut World) {
     );
     let out_at = Instant::now();
     std::thread::sleep(Duration::from_secs(8).saturating_sub(stopped.elapsed()));
-    w.node.signal(pid, "CONT");
+    drop(stopped_pod);
     let continued = Instant::now();
     let ((), back) = wait_for("the continued pod back in the pool", PATIENCE, POLL, || {
         in_pool(&w.pool(service), &victim.name).then_some(())
@@ -686,6 +688,18 @@ fn stopped_container(w: &mut World) {
         outcome.slow_on(&victim.name),
         outcome.slower_than(Duration::from_secs(1))
     ));
+}
+
+/// Sends SIGCONT to a stopped process when dropped (after a panic too).
+struct Continue<'a> {
+    node: &'a Node,
+    pid: u32,
+}
+
+impl Drop for Continue<'_> {
+    fn drop(&mut self) {
+        let _ = self.node.on_node(&["kill", "-CONT", &self.pid.to_string()]);
+    }
 }
 
 /// kubernetes-optimization §5.2.3: Fortio, 8 connections, 1500 requests/s, through the

@@ -16,6 +16,14 @@
 //!   at that moment (`EndpointState::observe_overdue`), and its eventual outcome gives
 //!   that miss its time (or makes it a failure) rather than adding a second sample; an
 //!   attempt the client abandoned after the SLO is a miss too.
+//! * **A pod that answers nothing leaves at once.** The test above weighs independent
+//!   answers; a pod that hangs (stopped, deadlocked, its node frozen) gives none, and
+//!   holds at most as many misses as it has callers waiting, which a full window of
+//!   earlier answers outweighs. So an attempt still unanswered after
+//!   [`unanswered_limit`] (twice the SLO, at least 250 ms), when the pod has answered
+//!   nothing at all since that attempt was sent, evicts it (`EvictionCause::Unanswered`).
+//!   Host jitter delays answers by tens of milliseconds and they still come; a pod
+//!   silent for that long while a request waits is not noise.
 //! * **Consecutive failures eject at once**, next to the latency test, as Envoy's outlier
 //!   detection (`consecutive_5xx`, 5 by default) and linkerd's failure accrual (7
 //!   failures) do: `qos-pool-eject-after` failures in a row take the pod out without
@@ -96,6 +104,20 @@ pub enum EvictionCause {
     Latency,
     /// `qos-pool-eject-after` consecutive failures.
     ConsecutiveFailures,
+    /// An attempt went [`unanswered_limit`] without an answer while the pod answered
+    /// nothing else either.
+    Unanswered,
+}
+
+/// Shortest wait for an answer that, with no other answer from the pod meanwhile,
+/// makes a pod count as hung (see the module docs).
+const UNANSWERED_FLOOR: Duration = Duration::from_millis(250);
+
+/// How long an attempt may go unanswered, with the pod answering nothing else, before
+/// the pod counts as hung and leaves the pool: twice the SLO, at least
+/// [`UNANSWERED_FLOOR`] (see the module docs).
+pub fn unanswered_limit(settings: &ServiceSettings) -> Duration {
+    settings.latency_slo.saturating_mul(2).max(UNANSWERED_FLOOR)
 }
 
 /// Whether an endpoint is in its service's QoS pool, and why.
@@ -182,6 +204,9 @@ pub(crate) struct Stats {
     pub(crate) readmitted_at: Option<Instant>,
     /// Since when it has been warming (judged on the initial estimate).
     pub(crate) warming_since: Option<Instant>,
+    /// When its last response headers came, whatever their status (see
+    /// [`EvictionCause::Unanswered`]).
+    pub(crate) last_answer: Option<Instant>,
 }
 
 /// Mutable state of one endpoint (see the module docs).
@@ -280,6 +305,7 @@ impl EndpointState {
                 flaps: 0,
                 readmitted_at: None,
                 warming_since: None,
+                last_answer: None,
             }),
             attempts: AtomicU64::new(0),
             admitted: AtomicBool::new(true),
@@ -517,6 +543,9 @@ impl EndpointState {
         obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
+        if matches!(outcome, Outcome::Answered { .. } | Outcome::Response { .. }) {
+            stats.last_answer = Some(now);
+        }
         let slo = settings.latency_slo;
         // The probe verdict (and, for fallback traffic to an evicted pod, the same).
         let good = match outcome {
@@ -616,6 +645,30 @@ impl EndpointState {
         stats.estimator.record_overdue(now, settings.latency_slo);
         self.measured.store(true, Ordering::Relaxed);
         self.advance(&mut stats, now, settings, None, obs)
+    }
+
+    /// An attempt sent at `sent` (already stored overdue) is still unanswered at `now`,
+    /// [`unanswered_limit`] later: if the pod has answered nothing since `sent`, it hangs
+    /// and leaves the pool (unless `obs` keeps the last member during a stall).
+    pub(crate) fn observe_unanswered(
+        &self,
+        now: Instant,
+        sent: Instant,
+        settings: &ServiceSettings,
+        obs: &Observation<'_>,
+    ) -> Option<PoolChange> {
+        let mut stats = self.lock();
+        let answered_since = stats.last_answer.is_some_and(|at| at >= sent);
+        if answered_since || !stats.admission.in_pool() {
+            return None;
+        }
+        if (obs.keep_in_pool)() {
+            stats.kept_during_stall = true;
+            return None;
+        }
+        let before = stats.admission;
+        stats.admission = self.evict(&mut stats, now, settings, EvictionCause::Unanswered);
+        self.publish_admission(&mut stats, before, now, settings)
     }
 
     /// Re-judge admission without a new sample (after a settings change or for expiry).
@@ -722,6 +775,18 @@ impl EndpointState {
                 None => before,
             },
         };
+        self.publish_admission(stats, before, now, settings)
+    }
+
+    /// Make `stats.admission` (changed from `before`) visible to the pick path; returns
+    /// the pool change, if any.
+    fn publish_admission(
+        &self,
+        stats: &mut Stats,
+        before: Admission,
+        now: Instant,
+        settings: &ServiceSettings,
+    ) -> Option<PoolChange> {
         if stats.admission == Admission::Warming {
             stats.warming_since.get_or_insert(now);
         } else {

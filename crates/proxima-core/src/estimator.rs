@@ -19,8 +19,8 @@
 //! Failed requests (a failure status such as a fast `500`, a reset, a timeout, a refused
 //! connection) are stored as misses: they count against the SLO whatever the threshold.
 //! An attempt still unanswered when the SLO passed is stored at once as the least it is
-//! known to take, the SLO and a microsecond (a miss, so that a pod that hangs leaves in
-//! one SLO); when its outcome comes, that placeholder takes the real time, or becomes a
+//! known to take, the SLO and a microsecond (a miss at once, not one timeout later);
+//! when its outcome comes, that placeholder takes the real time, or becomes a
 //! failure. So a pod that answers 13 ms against a 12 ms SLO is predicted at 13 ms, not
 //! as a failure: the empty-pool fallback tells "misses now and then by a little" from
 //! "fails". Reading never changes the estimator; `now` is always passed in.

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::endpoint::{Admission, EvictionCause};
+use crate::endpoint::{unanswered_limit, Admission, EvictionCause};
 use crate::router::{Router, ServiceRoute};
 
 /// The `/debug/pools` document: this proxy's view of every node and service.
@@ -92,7 +92,8 @@ pub struct EndpointExplain {
     pub in_pool: bool,
     /// Its admission state: warming, admitted or evicted.
     pub admission: Admission,
-    /// Why it is out of the pool: `latency`, `consecutive-failures`, or `null` when in.
+    /// Why it is out of the pool: `latency`, `consecutive-failures`, `unanswered`, or
+    /// `null` when in.
     pub out_because: Option<EvictionCause>,
     /// One sentence: why it is (not) in the pool.
     pub reason: String,
@@ -270,6 +271,16 @@ fn explain_route(
                     } => format!(
                         "ejected for consecutive failures ({} or more in a row, qos-pool-eject-after); probing, {}/{} good probes to return",
                         s.qos_pool.eject_after,
+                        consecutive_good,
+                        s.qos_pool.readmit_after
+                    ),
+                    Admission::Evicted {
+                        consecutive_good,
+                        cause: EvictionCause::Unanswered,
+                        ..
+                    } => format!(
+                        "evicted as hung: a request went {}ms without an answer while it answered nothing else; probing, {}/{} good probes to return",
+                        ms(unanswered_limit(s)),
                         consecutive_good,
                         s.qos_pool.readmit_after
                     ),

@@ -793,9 +793,22 @@ impl Router {
         })
     }
 
+    /// The attempt, already stored overdue, is still unanswered at `now`,
+    /// [`unanswered_limit`](crate::endpoint::unanswered_limit) after it was sent (less
+    /// the proxy's own stalls): if its pod has answered nothing since, the pod hangs and
+    /// leaves the pool (see `endpoint.rs`). Returns the pool change it caused.
+    pub fn record_unanswered(&self, picked: &Picked, now: Instant) -> Option<PoolChange> {
+        let overdue = self.record_overdue(picked, now);
+        let hung = self.observe(picked, now, Duration::ZERO, |state, obs| {
+            state.observe_unanswered(now, picked.at, picked.route().settings(), &obs)
+        });
+        overdue.or(hung)
+    }
+
     /// The client went away before the attempt was answered: "no answer after
     /// `now - picked.at`" is a miss when that exceeds the SLO (less the proxy's own
-    /// `stall` meanwhile), and no evidence otherwise.
+    /// `stall` meanwhile), and no evidence otherwise; past the unanswered limit it is
+    /// judged as [`record_unanswered`](Self::record_unanswered) does.
     pub fn record_abandoned(
         &self,
         picked: &Picked,
@@ -805,7 +818,10 @@ impl Router {
         let waited = now
             .saturating_duration_since(picked.at)
             .saturating_sub(stall);
-        if waited > picked.route().settings().latency_slo {
+        let settings = picked.route().settings();
+        if waited >= crate::endpoint::unanswered_limit(settings) {
+            self.record_unanswered(picked, now)
+        } else if waited > settings.latency_slo {
             self.record_overdue(picked, now)
         } else {
             None

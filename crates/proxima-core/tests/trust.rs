@@ -301,6 +301,92 @@ fn an_overdue_attempt_is_a_miss_at_once_and_its_late_answer_is_not_counted_twice
     assert_eq!(samples(t0 + ms(2060)), before + 4);
 }
 
+/// `waiting` requests picked at `t` on `pod-1` (the other pods excluded).
+fn stuck_on_pod_1(r: &Router, rng: &mut SmallRng, t: Instant, waiting: usize) -> Vec<Picked> {
+    let others: Vec<_> = ["pod-0", "pod-2"].iter().map(|&id| id.into()).collect();
+    (0..waiting)
+        .map(|_| r.pick(&key(), None, t, rng, &others).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_pod_that_answers_nothing_leaves_as_hung_though_its_misses_are_too_few_to_judge() {
+    let t0 = Instant::now();
+    // The default margin: 4 misses in a window of 64 good answers prove nothing.
+    let r = router(3, &[("latency-slo", "200ms")], t0);
+    let mut rng = SmallRng::seed_from_u64(7);
+    for i in 0..300 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
+    }
+    let t = t0 + ms(300);
+    let hung = stuck_on_pod_1(&r, &mut rng, t, 4);
+    let overdue: Vec<_> = hung
+        .iter()
+        .filter_map(|p| r.record_overdue(p, t + ms(201)))
+        .collect();
+    assert_eq!(overdue, [], "four misses of 64 are within the margin");
+    assert!(pool(&r).contains(&"pod-1".to_string()));
+    // Twice the SLO later, nothing from pod-1 at all while the others answer: hung.
+    request(&r, t + ms(350), &mut rng, &|_| ok(ms(10)));
+    let change = r.record_unanswered(&hung[0], t + ms(401));
+    assert_eq!(change, Some(PoolChange::Evicted));
+    assert_eq!(pool(&r), ["pod-0", "pod-2"]);
+    let e = explain(&r, t + ms(401), "pod-1");
+    assert!(matches!(
+        e.admission,
+        Admission::Evicted {
+            cause: EvictionCause::Unanswered,
+            ..
+        }
+    ));
+    assert!(e.reason.contains("hung"), "{}", e.reason);
+    // The other stuck callers change nothing more.
+    for p in &hung[1..] {
+        assert_eq!(r.record_unanswered(p, t + ms(402)), None);
+    }
+}
+
+#[test]
+fn a_pod_slow_on_one_request_but_answering_others_is_not_hung() {
+    let t0 = Instant::now();
+    let r = router(3, &[("latency-slo", "200ms")], t0);
+    let mut rng = SmallRng::seed_from_u64(8);
+    for i in 0..300 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
+    }
+    let t = t0 + ms(300);
+    let slow = stuck_on_pod_1(&r, &mut rng, t, 1);
+    r.record_overdue(&slow[0], t + ms(201));
+    // pod-1 answers a later request meanwhile: it is alive, one request is slow.
+    let quick = stuck_on_pod_1(&r, &mut rng, t + ms(250), 1);
+    r.record(&quick[0], t + ms(260), ok(ms(10)));
+    assert_eq!(r.record_unanswered(&slow[0], t + ms(401)), None);
+    assert!(pool(&r).contains(&"pod-1".to_string()));
+    // An abandoned wait past the limit is judged the same way.
+    assert_eq!(
+        r.record_abandoned(&slow[0], t + ms(900), Duration::ZERO),
+        None
+    );
+    assert!(pool(&r).contains(&"pod-1".to_string()));
+}
+
+#[test]
+fn the_last_member_that_hangs_is_kept_while_the_proxy_itself_just_stalled() {
+    let t0 = Instant::now();
+    let r = router(1, &[("latency-slo", "200ms")], t0);
+    let mut rng = SmallRng::seed_from_u64(9);
+    for i in 0..100 {
+        request(&r, t0 + ms(i), &mut rng, &|_| ok(ms(10)));
+    }
+    let t = t0 + ms(100);
+    let p = pick(&r, t, &mut rng);
+    r.note_stall(t + ms(300));
+    assert_eq!(r.record_unanswered(&p, t + ms(401)), None);
+    assert_eq!(pool(&r), ["pod-0"]);
+    let e = explain(&r, t + ms(401), "pod-0");
+    assert!(e.reason.contains("stalled"), "{}", e.reason);
+}
+
 #[test]
 fn an_abandoned_attempt_is_a_miss_only_once_it_outlasted_the_slo() {
     let t0 = Instant::now();

@@ -32,8 +32,10 @@
 //! `Failed`), so the QoS pool and the connection cooldown see every failure; a status in
 //! the service's `failure-status` set is a failure like a reset. While an attempt waits
 //! for response headers it is watched: once it has waited longer than the SLO it is
-//! stored as a miss at once (`Router::record_overdue`), and if the client goes away
-//! first, the wait so far is stored (`Router::record_abandoned`). Each report carries the
+//! stored as a miss at once (`Router::record_overdue`); once it has waited twice that
+//! (at least 250 ms) while its pod answered nothing else, the pod leaves the pool as
+//! hung (`Router::record_unanswered`); and if the client goes away first, the wait so
+//! far is stored (`Router::record_abandoned`). Each report carries the
 //! proxy's own stall during the attempt (`stall.rs`), so that the proxy's lag is not
 //! held against the pod.
 
@@ -47,6 +49,7 @@ use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
+use proxima_core::endpoint::unanswered_limit;
 use proxima_core::{EndpointId, Outcome, PickError, Picked, PoolChange, PortRef, ServiceKey};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -553,6 +556,38 @@ struct Watch<'a> {
     sent: &'a AtomicBool,
 }
 
+/// The moments a watched attempt is looked at again (see [`Proxy::watched`]).
+struct Waits {
+    /// When it goes overdue: the SLO after it began, plus the proxy's stalls.
+    overdue_at: Instant,
+    /// How long without an answer makes its pod count as hung ([`unanswered_limit`]),
+    /// and when that is (plus the proxy's stalls); `None` once judged.
+    hung_after: Duration,
+    hung_at: Option<Instant>,
+    deadline: Instant,
+}
+
+impl Waits {
+    fn new(picked: &Picked, watch: &Watch<'_>) -> Self {
+        let hung_after = unanswered_limit(picked.route().settings());
+        Self {
+            overdue_at: picked.at + watch.slo,
+            hung_after,
+            hung_at: Some(picked.at + hung_after),
+            deadline: watch.deadline,
+        }
+    }
+
+    fn next(&self, picked: &Picked) -> Instant {
+        let next = if picked.overdue() {
+            self.hung_at.unwrap_or(self.deadline)
+        } else {
+            self.overdue_at
+        };
+        next.min(self.deadline)
+    }
+}
+
 /// Dropped with `armed` set when the client went away (HTTP/1 close, h2 reset) while an
 /// attempt was waiting for response headers: the wait so far is still a measurement.
 struct Abandoned<'a> {
@@ -646,12 +681,13 @@ impl Proxy {
 
     /// Run one attempt on `picked`, watching it: once it has gone without response
     /// headers for longer than the SLO (plus any stall of the proxy meanwhile), a miss
-    /// is stored at that moment, so a pod that hangs leaves the pool in about one SLO
-    /// rather than one `timeout`; when the request's `deadline` passes, the attempt is
-    /// dropped and times out (`sent`: whether its request had begun to be written); if
-    /// the client goes away first and this future is dropped, "no answer after T" is
-    /// stored (see [`Abandoned`]). One timer serves both moments: it is set for the
-    /// sooner and moved on to the deadline.
+    /// is stored at that moment; once it has gone [`unanswered_limit`] without them, the
+    /// pod is judged as hung if it answered nothing else meanwhile; so a pod that hangs
+    /// leaves the pool in a fraction of a second rather than one `timeout`. When the
+    /// request's `deadline` passes, the attempt is dropped and times out (`sent`: whether
+    /// its request had begun to be written); if the client goes away first and this
+    /// future is dropped, "no answer after T" is stored (see [`Abandoned`]). One timer
+    /// serves every moment, moved on from one to the next.
     async fn watched(
         &self,
         picked: &Picked,
@@ -659,21 +695,15 @@ impl Proxy {
         watch: Watch<'_>,
         mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
     ) -> Attempt {
-        let Watch {
-            stall_start,
-            slo,
-            deadline,
-            sent,
-        } = watch;
         let mut abandoned = Abandoned {
             proxy: self,
             picked,
             service,
-            stall_start,
+            stall_start: watch.stall_start,
             armed: true,
         };
-        let mut overdue_at = picked.at + slo;
-        let timer = tokio::time::sleep_until(overdue_at.min(deadline).into());
+        let mut waits = Waits::new(picked, &watch);
+        let timer = tokio::time::sleep_until(waits.next(picked).into());
         tokio::pin!(timer);
         let result = loop {
             tokio::select! {
@@ -681,16 +711,11 @@ impl Proxy {
                 result = attempt.as_mut() => break result,
                 () = timer.as_mut() => {
                     let now = Instant::now();
-                    if now >= deadline {
-                        break Attempt::TimedOut { sent: sent.load(Ordering::Relaxed) };
+                    if now >= watch.deadline {
+                        break Attempt::TimedOut { sent: watch.sent.load(Ordering::Relaxed) };
                     }
-                    if !picked.overdue() && now >= overdue_at {
-                        if let Some(later) = self.overdue(picked, service, stall_start, slo, now) {
-                            overdue_at = later;
-                        }
-                    }
-                    let next = if picked.overdue() { deadline } else { overdue_at.min(deadline) };
-                    timer.as_mut().reset(next.into());
+                    self.judge_wait(picked, service, &watch, &mut waits, now);
+                    timer.as_mut().reset(waits.next(picked).into());
                 }
             }
         };
@@ -698,36 +723,48 @@ impl Proxy {
         result
     }
 
-    /// An attempt has had no response headers for longer than `slo` at `now`: store the
-    /// miss, unless the proxy's own stall explains the wait; then the moment to look
-    /// again, the stall added.
-    fn overdue(
+    /// An attempt still without response headers at `now`: store the overdue miss once
+    /// it has waited longer than the SLO, then judge its pod once it has waited the
+    /// unanswered limit, each time not counting the proxy's own stalls (the stall
+    /// moves the moment on instead).
+    fn judge_wait(
         &self,
         picked: &Picked,
         service: &ServiceMetrics,
-        stall_start: Duration,
-        slo: Duration,
+        watch: &Watch<'_>,
+        waits: &mut Waits,
         now: Instant,
-    ) -> Option<Instant> {
-        let stall = self.stall_total(now).saturating_sub(stall_start);
+    ) {
+        let stall = self.stall_total(now).saturating_sub(watch.stall_start);
         let waited = now
             .saturating_duration_since(picked.at)
             .saturating_sub(stall);
-        if waited > slo {
-            debug!(
-                service = service.label(),
-                endpoint = %picked.endpoint().id,
-                ?slo,
-                "no response headers within the SLO: counted as a miss now"
-            );
+        let later = |limit: Duration| picked.at + limit + stall + Duration::from_millis(1);
+        let endpoint = &picked.endpoint().id;
+        if !picked.overdue() && now >= waits.overdue_at {
+            if waited <= watch.slo {
+                waits.overdue_at = later(watch.slo);
+                return;
+            }
+            debug!(service = service.label(), %endpoint, slo = ?watch.slo,
+                "no response headers within the SLO: counted as a miss now");
             service.overdue();
             if let Some(change) = self.router.record_overdue(picked, now) {
-                self.pool_changed(service, &picked.endpoint().id, change);
+                self.pool_changed(service, endpoint, change);
             }
-            None
-        } else {
-            // The proxy itself stalled meanwhile: give the pod that time.
-            Some(picked.at + slo + stall + Duration::from_millis(1))
+        }
+        if waits.hung_at.is_none_or(|at| now < at) {
+            return;
+        }
+        if waited <= waits.hung_after {
+            waits.hung_at = Some(later(waits.hung_after));
+            return;
+        }
+        waits.hung_at = None;
+        if let Some(change) = self.router.record_unanswered(picked, now) {
+            info!(service = service.label(), %endpoint, waited = ?waits.hung_after,
+                "endpoint answered nothing while a request waited: taken out of the QoS pool as hung");
+            self.metrics.pool_change(service, change);
         }
     }
 
