@@ -295,30 +295,30 @@ impl Route {
     }
 
     /// Whether the endpoint at `index` is due its first probe: never measured, and not
-    /// kept out by the initial estimate (see [`Self::too_far`]; `processing` is the
-    /// service's, [`Self::processing_estimate`]).
+    /// too far by its node's round-trip time alone ([`Self::too_far`] without the
+    /// processing time). A probe costs no client request, so an endpoint the prediction
+    /// keeps out of the pool but the network alone does not is measured rather than
+    /// guessed at.
     pub fn needs_first_probe(
         &self,
         index: usize,
         env: &Environment,
         local_node: Option<&str>,
         now: Instant,
-        processing: Option<Duration>,
     ) -> bool {
         let state = &self.endpoints[index].state;
         state.warming()
             && !state.measured()
-            && self
-                .too_far(index, env, local_node, now, processing)
-                .is_none()
+            && self.too_far(index, env, local_node, now, None).is_none()
     }
 
     /// The initial estimate of QEdgeProxy §III-A, event 1 ("based on initial estimates,
-    /// such as environmental conditions"): an endpoint not yet judged on its own
-    /// measurements, whose node's round-trip time from this proxy plus the service's
-    /// `processing` time ([`Self::processing_estimate`], when known) exceeds the SLO,
-    /// cannot meet it and is not tried. Returns that prediction. Endpoints on this node,
-    /// without a node, or without a fresh RTT reading are given the benefit of the doubt.
+    /// such as environmental conditions"): an endpoint never measured, whose node's
+    /// round-trip time from this proxy plus the service's `processing` time
+    /// ([`Self::processing_estimate`], when known) exceeds the SLO, cannot meet it and
+    /// is not tried. Returns that prediction. Endpoints on this node, without a node, or
+    /// without a fresh RTT reading are given the benefit of the doubt; a measured one is
+    /// judged on its measurements.
     pub fn too_far(
         &self,
         index: usize,
@@ -328,7 +328,7 @@ impl Route {
         processing: Option<Duration>,
     ) -> Option<Duration> {
         let endpoint = &self.endpoints[index];
-        if !endpoint.state.warming() {
+        if !endpoint.state.warming() || endpoint.state.measured() {
             return None;
         }
         let node = endpoint.endpoint.node.as_deref()?;

@@ -931,17 +931,12 @@ impl Router {
             let settings = route.settings();
             let port_name = resolve_port(route, None).unwrap_or("");
             let env = &table.environment;
-            let processing = std::cell::OnceCell::new();
             for slot in slots {
                 let i = eligible[slot];
                 let ep = &route.endpoints[i];
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
-                let first_probe = ep.state.warming() && !ep.state.measured() && {
-                    let processing = *processing
-                        .get_or_init(|| route.processing_estimate(env, self.local_node(), now));
-                    route.needs_first_probe(i, env, self.local_node(), now, processing)
-                };
+                let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
                 if ep.state.in_pool() && !first_probe {
                     continue;
                 }
@@ -987,13 +982,10 @@ impl Router {
             .values()
             .filter(|route| route.strategy.probes_evicted())
             .map(|route| {
-                let processing = route.processing_estimate(env, self.local_node(), now);
                 route
                     .eligible()
                     .iter()
-                    .filter(|&&i| {
-                        route.needs_first_probe(i, env, self.local_node(), now, processing)
-                    })
+                    .filter(|&&i| route.needs_first_probe(i, env, self.local_node(), now))
                     .count()
             })
             .sum()

@@ -209,3 +209,51 @@ fn correlated_mild_lag_on_a_tight_slo_never_sends_a_request_far() {
     eprintln!("{fallback} fallback picks of 10000");
     assert_eq!(far, 0, "requests sent far ({fallback} fallback picks)");
 }
+
+#[test]
+fn a_pod_the_prediction_keeps_out_but_its_rtt_alone_does_not_is_probed_and_joins_if_it_can() {
+    // The near pods answer in 8 ms over a 3 ms RTT: 5 ms of processing. A new pod 9 ms
+    // away is predicted at 14 ms against the 12 ms SLO and kept out of the pool; but its
+    // RTT alone fits, and a probe costs no client request, so it is measured rather than
+    // guessed at. It processes faster than the others (10 ms in all): it joins.
+    let t0 = Instant::now();
+    let r = far_and_near(t0);
+    let mut rng = SmallRng::seed_from_u64(35);
+    let mut t = t0;
+    for _ in 0..40 {
+        t += ms(4);
+        let p = pick(&r, t, &mut rng);
+        r.record(&p, t, ok(ms(8)));
+    }
+    // Every first probe claimed and answered as its node's RTT says (the far ones miss).
+    for ticket in r.due_probes(t) {
+        let id: String = ticket.id.to_string();
+        r.finish_probe(ticket, t, ok(ms(rtt(&id) + 5)));
+    }
+    r.update_environment(|env| env.set_latency("mid", ms(9), t));
+    r.apply(
+        [Update::UpsertEndpoint {
+            service: key(),
+            endpoint: Endpoint::new("pod-5", ([10, 0, 0, 6], 80).into()).on_node("mid"),
+        }],
+        t,
+    );
+    let explained = |at| {
+        r.explain(at)
+            .services
+            .remove(0)
+            .endpoints
+            .into_iter()
+            .find(|e| e.id == "pod-5")
+            .expect("pod-5")
+    };
+    assert!(!explained(t).in_pool, "{}", explained(t).reason);
+    let probes = r.due_probes(t);
+    let ids: Vec<&str> = probes.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["pod-5"], "a first probe for the new pod");
+    for ticket in probes {
+        r.finish_probe(ticket, t + ms(10), ok(ms(10)));
+    }
+    let e = explained(t + ms(10));
+    assert!(e.in_pool, "{}", e.reason);
+}
