@@ -1097,14 +1097,16 @@ impl Cluster {
             .ok_or_else(|| TestbedError::Invalid(format!("no instance {name:?}")))
     }
 
-    /// The shortest response time any router could give client `index`'s next request
-    /// now: over its service's instances that are listed, alive, not failing and
-    /// reachable from the client's node, the client link's round trip, the nodes' round
-    /// trip and the instance's mean processing time (with any overload). `None` when no
-    /// instance can answer at all. Host lag and queueing are left out: what no router
-    /// could foresee or avoid. The share of the requests that could meet the SLO which
-    /// did is the report's "of reachable" (issue 30).
-    pub fn best_response(&self, index: usize) -> Option<Duration> {
+    /// The best response time at `percentile` any router could give client `index`'s
+    /// requests now: over its service's instances that are listed, alive, not failing
+    /// and reachable from the client's node, the client link's round trip, the nodes'
+    /// round trip and the instance's processing time at that percentile (with any
+    /// overload). So an instance that can meet the service's SLO at its percentile makes
+    /// the request reachable; one that meets it only on a good draw does not. `None`
+    /// when no instance can answer at all. Host lag and queueing are left out: what no
+    /// router could foresee or avoid. The share of the reachable requests that met the
+    /// SLO is the report's "of reach" (issue 30).
+    pub fn best_response(&self, index: usize, percentile: f64) -> Option<Duration> {
         let client = &self.scenario.clients[index];
         let from = client.node;
         let state = self.lock();
@@ -1128,7 +1130,8 @@ impl Cluster {
                 } else {
                     state.one_way[from][to] + state.one_way[to][from]
                 };
-                Some(client.latency * 2 + network + backend.delay() + backend.processing().mean())
+                let processing = backend.processing().quantile(percentile);
+                Some(client.latency * 2 + network + backend.delay() + processing)
             })
             .min()
     }

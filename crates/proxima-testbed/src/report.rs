@@ -446,7 +446,7 @@ pub fn write_files(
 
     if raw {
         let mut text = String::from(
-            "variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance\n",
+            "variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance,reachable\n",
         );
         for r in runs {
             for rec in &r.records {
@@ -456,7 +456,7 @@ pub fn write_files(
                     .map_or("", String::as_str);
                 let _ = writeln!(
                     text,
-                    "{},{},{},{},{},{:.3},{:.3},{},{},{}",
+                    "{},{},{},{},{},{:.3},{:.3},{},{},{},{}",
                     csv_field(&r.variant),
                     csv_field(&r.label),
                     rec.seq,
@@ -466,7 +466,8 @@ pub fn write_files(
                     rec.latency.as_secs_f64() * 1e3,
                     rec.status,
                     rec.error().map_or("", |e| e.as_str()),
-                    csv_field(instance)
+                    csv_field(instance),
+                    rec.reachable
                 );
             }
         }

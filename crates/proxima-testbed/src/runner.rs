@@ -287,8 +287,8 @@ async fn drive(
             started,
             stop: stop_rx.clone(),
             best_response: {
-                let cluster = cluster.clone();
-                Arc::new(move || cluster.best_response(i))
+                let (cluster, percentile) = (cluster.clone(), objectives[spec.service].1);
+                Arc::new(move || cluster.best_response(i, percentile))
             },
         };
         clients.push(tokio::spawn(run.run()));

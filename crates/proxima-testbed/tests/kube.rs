@@ -21,6 +21,8 @@ struct Request {
     latency_ms: f64,
     status: u16,
     instance: String,
+    /// Whether some instance could have answered it within the SLO.
+    reachable: bool,
 }
 
 fn requests(path: &std::path::Path) -> Vec<Request> {
@@ -28,7 +30,7 @@ fn requests(path: &std::path::Path) -> Vec<Request> {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance")
+        Some("variant,label,seq,client,phase,start_ms,latency_ms,status,error,instance,reachable")
     );
     lines
         .map(|l| {
@@ -39,6 +41,7 @@ fn requests(path: &std::path::Path) -> Vec<Request> {
                 latency_ms: f[6].parse().unwrap(),
                 status: f[7].parse().unwrap(),
                 instance: f[9].to_string(),
+                reachable: f[10].parse().unwrap(),
             }
         })
         .collect()
@@ -117,6 +120,8 @@ fn kube_mode_counts_every_request_once_and_injects_the_link_delay() {
     assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
     assert!(records.iter().all(|r| (r.seq <= 30) == (r.phase == 0)));
     assert!(records.iter().all(|r| r.status == 200));
+    let reachable = records.iter().filter(|r| r.reachable).count();
+    assert_eq!(run["summary"]["reachable"], reachable, "{}", run["summary"]);
 
     // Before the join only `far` (20 ms away each way) answers: at least 40 ms, and
     // (generously) a median under a second.
