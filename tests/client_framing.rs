@@ -61,11 +61,11 @@ async fn pipelined_requests_are_answered_in_order_across_the_hand_over_to_hyper(
     // connection over, with the bytes already read), then more for hyper: all in one
     // write.
     let requests = concat!(
-        "GET /one HTTP/1.1\r\nx-service: api\r\n\r\n",
-        "HEAD /two HTTP/1.1\r\nx-service: api\r\n\r\n",
-        "DELETE /three HTTP/1.1\r\nx-service: api\r\ncontent-length: 0\r\n\r\n",
-        "POST /four HTTP/1.1\r\nx-service: api\r\ncontent-length: 5\r\n\r\nhello",
-        "GET /five HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n",
+        "GET /one HTTP/1.1\r\nhost: api\r\nx-service: api\r\n\r\n",
+        "HEAD /two HTTP/1.1\r\nhost: api\r\nx-service: api\r\n\r\n",
+        "DELETE /three HTTP/1.1\r\nhost: api\r\nx-service: api\r\ncontent-length: 0\r\n\r\n",
+        "POST /four HTTP/1.1\r\nhost: api\r\nx-service: api\r\ncontent-length: 5\r\n\r\nhello",
+        "GET /five HTTP/1.1\r\nhost: api\r\nx-service: api\r\nconnection: close\r\n\r\n",
     );
     stream.write_all(requests.as_bytes()).await.unwrap();
     let data = read_to_close(&mut stream).await;
@@ -170,11 +170,11 @@ async fn answers_without_a_length_go_chunked_to_http_1_1_and_until_close_to_http
     let proxima = start(&dir, &[("api", pod.addr)], &[]).await;
     for (request, chunked) in [
         (
-            "GET /until-close HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n",
+            "GET /until-close HTTP/1.1\r\nhost: api\r\nx-service: api\r\nconnection: close\r\n\r\n",
             true,
         ),
         (
-            "GET /chunked HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n",
+            "GET /chunked HTTP/1.1\r\nhost: api\r\nx-service: api\r\nconnection: close\r\n\r\n",
             true,
         ),
         ("GET /until-close HTTP/1.0\r\nx-service: api\r\n\r\n", false),
@@ -212,7 +212,7 @@ async fn the_head_of_a_slow_body_goes_out_before_the_body() {
     let mut stream = TcpStream::connect(proxima.proxy).await.unwrap();
     let sent = Instant::now();
     stream
-        .write_all(b"GET / HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n")
+        .write_all(b"GET / HTTP/1.1\r\nhost: api\r\nx-service: api\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut data = Vec::new();
@@ -265,7 +265,7 @@ async fn bodies_either_side_of_the_copy_limit_arrive_whole() {
     for kind in ["length", "chunked"] {
         for len in [1, 100, 4095, 4096, 4097, 10_000, 200_000] {
             let request = format!(
-                "GET /{kind}/{len} HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n"
+                "GET /{kind}/{len} HTTP/1.1\r\nhost: api\r\nx-service: api\r\nconnection: close\r\n\r\n"
             );
             let reply = exchange(proxima.proxy, request.as_bytes())
                 .await

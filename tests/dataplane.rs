@@ -201,10 +201,14 @@ async fn every_error_is_a_json_answer_with_its_status() {
         let reply = get(&client, &url, &[(name, value)]).await;
         reply.assert_error(StatusCode::BAD_REQUEST, "no service named");
     }
-    // Raw requests: no Host at all, and a service name that is not ASCII.
+    // Raw requests: HTTP/1.0 naming nothing, HTTP/1.1 without the Host it must have
+    // (RFC 9112 §3.2), and a service name that is not ASCII.
+    let raw = raw_exchange(proxy.addr, b"GET / HTTP/1.0\r\n\r\n").await;
+    assert!(raw.starts_with("HTTP/1.0 400"), "{raw}");
+    assert!(raw.contains(r#""error":"no service named""#), "{raw}");
     let raw = raw_exchange(proxy.addr, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").await;
     assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
-    assert!(raw.contains(r#""error":"no service named""#), "{raw}");
+    assert!(raw.contains(r#""error":"bad host""#), "{raw}");
     let raw = raw_exchange(
         proxy.addr,
         b"GET / HTTP/1.1\r\nHost: x\r\nx-service: caf\xe9\xff\r\nConnection: close\r\n\r\n",

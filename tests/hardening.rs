@@ -327,6 +327,89 @@ async fn header_count_and_uri_limits_answer_with_json() {
     }
 }
 
+/// RFC 9112's MUSTs for a request's `Host` (§3.2) and `Transfer-Encoding` (§6.1, §7):
+/// refused with JSON before any pod sees them, on the native loop and on hyper's alike,
+/// and the connection closed when the body's length is in doubt; what the rules allow
+/// still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_breaking_rfc_9112_host_and_framing_rules_never_reach_a_pod() {
+    let dir = TempDir::new("rfc9112");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    // Counts the test's requests (path `/t`), not the proxy's probes.
+    let pod = raw_backend(None, move |head, body| {
+        if head.path() == "/t" {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        (ok(&String::from_utf8_lossy(body), ""), false)
+    })
+    .await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    let proxy = proxima.proxy;
+    let body = "5\r\nhello\r\n0\r\n\r\n";
+    // (request, status, error, whether the proxy must close)
+    let refused = [
+        ("GET /t HTTP/1.1\r\nx-service: api\r\nconnection: close\r\n\r\n".to_string(), 400, "bad host", false),
+        ("GET /t HTTP/1.1\r\nhost: api\r\nhost: other\r\nconnection: close\r\n\r\n".into(), 400, "bad host", false),
+        ("GET /t HTTP/1.0\r\nhost: api\r\nhost: api\r\n\r\n".into(), 400, "bad host", false),
+        ("GET /t HTTP/1.1\r\nhost: a b\r\nx-service: api\r\nconnection: close\r\n\r\n".into(), 400, "bad host", false),
+        ("GET /t HTTP/1.1\r\nhost: user@api\r\nx-service: api\r\nconnection: close\r\n\r\n".into(), 400, "bad host", false),
+        (format!("POST /t HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked, chunked\r\n\r\n{body}"), 400, "bad framing", true),
+        (format!("POST /t HTTP/1.1\r\nhost: api\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n{body}"), 400, "bad framing", true),
+        (format!("POST /t HTTP/1.1\r\nhost: api\r\ntransfer-encoding: gzip, chunked\r\n\r\n{body}"), 501, "bad framing", true),
+    ];
+    for (request, status, error, closes) in &refused {
+        let reply = exchange(proxy, request.as_bytes()).await.expect("answer");
+        assert_eq!(reply.status, *status, "{request:?}: {reply:?}");
+        assert_eq!(reply.json()["error"], *error, "{request:?}: {reply:?}");
+        if *closes {
+            assert!(
+                reply.head.contains("connection: close"),
+                "{request:?}: {reply:?}"
+            );
+        }
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            0,
+            "{request:?} reached the pod"
+        );
+    }
+    // HTTP/1.0 with Transfer-Encoding: its framing is faulty (hyper refuses it first).
+    let old = format!("POST /t HTTP/1.0\r\nhost: api\r\ntransfer-encoding: chunked\r\n\r\n{body}");
+    let reply = exchange(proxy, old.as_bytes()).await.expect("answer");
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(
+        seen.load(Ordering::Relaxed),
+        0,
+        "{old:?} reached the pod: {reply:?}"
+    );
+
+    let allowed = [
+        // HTTP/1.0 needs no Host; an empty Host is a target without authority.
+        "GET /t HTTP/1.0\r\nx-service: api\r\n\r\n".to_string(),
+        "GET /t HTTP/1.1\r\nhost:\r\nx-service: api\r\nconnection: close\r\n\r\n".into(),
+        "GET /t HTTP/1.1\r\nhost: [::1]:8080\r\nx-service: api\r\nconnection: close\r\n\r\n".into(),
+        format!("POST /t HTTP/1.1\r\nhost: api\r\ntransfer-encoding: Chunked\r\nconnection: close\r\n\r\n{body}"),
+    ];
+    for request in &allowed {
+        let reply = exchange(proxy, request.as_bytes()).await.expect("answer");
+        assert_eq!(reply.status, 200, "{request:?}: {reply:?}");
+    }
+    assert_eq!(seen.load(Ordering::Relaxed), allowed.len());
+    // Content-Length next to Transfer-Encoding: framed by the coding alone, the length
+    // dropped, and the connection closed after the answer (§6.1).
+    let both = format!(
+        "POST /t HTTP/1.1\r\nhost: api\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n{body}"
+    );
+    let reply = exchange(proxy, both.as_bytes()).await.expect("answer");
+    assert_eq!(
+        (reply.status, &reply.body[..]),
+        (200, &b"hello"[..]),
+        "{reply:?}"
+    );
+    assert!(reply.head.contains("connection: close"), "{reply:?}");
+}
+
 /// At the highest `--max-request-headers`, hyper's own header array (4 x the limit)
 /// would be larger than a `HeaderMap` can hold: a head with more lines than a map takes
 /// must still get 431 with JSON, not a panic and a dropped connection.

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use http::header::HOST;
+use http::header::{CONNECTION, HOST, TRANSFER_ENCODING};
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument, Span};
@@ -94,40 +94,145 @@ fn resolve<B>(
     }
 }
 
-/// The proxy's own request limits, answered with JSON: too many header lines (431), a
-/// request target too long (414).
+/// Why an HTTP/1 request's head breaks a rule of RFC 9112 that neither hyper nor the
+/// native loop enforces (hyper forwards two `Host` lines, and `chunked, chunked`):
+///
+/// * `Host` (§3.2): `400` for none in HTTP/1.1, for more than one, and for a value that
+///   is not `host[:port]` (empty is allowed: a target without authority);
+/// * `Transfer-Encoding` (§6.1, §7): `501` for any coding but `chunked` (the proxy
+///   decodes and re-frames bodies, so it would pass such a body on half decoded), `400`
+///   for `chunked` applied twice and for one in HTTP/1.0 (its framing is faulty by
+///   definition). These close the connection after the answer: the body's length is
+///   unknown. `Transfer-Encoding` next to `Content-Length` needs nothing here: hyper
+///   frames such a request by the coding alone, drops the length and closes after the
+///   answer, as §6.1 allows.
+fn breaks_rfc9112<B>(req: &Request<B>) -> Option<Refusal> {
+    if req.version() >= http::Version::HTTP_2 {
+        return None;
+    }
+    bad_host(req).or_else(|| bad_transfer_coding(req))
+}
+
+/// RFC 9112 §3.2: exactly one valid `Host` in HTTP/1.1, at most one in HTTP/1.0.
+fn bad_host<B>(req: &Request<B>) -> Option<Refusal> {
+    let mut hosts = req.headers().get_all(HOST).iter();
+    let detail = match (hosts.next(), hosts.next()) {
+        (None, _) if req.version() == http::Version::HTTP_11 => {
+            "an HTTP/1.1 request needs a Host header".to_string()
+        }
+        (Some(_), Some(_)) => "more than one Host header".to_string(),
+        (Some(host), None) if !valid_host(host.as_bytes()) => {
+            format!("Host {:?} is not host[:port]", echo(host.as_bytes()))
+        }
+        _ => return None,
+    };
+    Some(Refusal {
+        status: StatusCode::BAD_REQUEST,
+        error: "bad host",
+        detail: format!("{detail} (RFC 9112 §3.2)"),
+        close: false,
+    })
+}
+
+/// RFC 9112 §6.1 and §7: `chunked` once, no other coding, not in HTTP/1.0.
+fn bad_transfer_coding<B>(req: &Request<B>) -> Option<Refusal> {
+    let codings: Vec<&[u8]> = req
+        .headers()
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty())
+        .collect();
+    let chunked = |coding: &&[u8]| coding.eq_ignore_ascii_case(b"chunked");
+    let (status, detail) = if codings.is_empty() {
+        return None;
+    } else if let Some(other) = codings.iter().find(|c| !chunked(c)) {
+        let other = echo(other);
+        let detail = format!("transfer coding {other:?} is not supported; only chunked is");
+        (StatusCode::NOT_IMPLEMENTED, detail)
+    } else if codings.len() > 1 {
+        let detail = "chunked applied more than once".to_string();
+        (StatusCode::BAD_REQUEST, detail)
+    } else if req.version() == http::Version::HTTP_10 {
+        let detail = "Transfer-Encoding in an HTTP/1.0 request".to_string();
+        (StatusCode::BAD_REQUEST, detail)
+    } else {
+        return None;
+    };
+    Some(Refusal {
+        status,
+        error: "bad framing",
+        detail: format!("{detail} (RFC 9112 §6.1)"),
+        close: true,
+    })
+}
+
+/// Whether a `Host` value is `uri-host [":" port]` (RFC 9112 §3.2, RFC 3986 §3.2.2),
+/// or empty.
+fn valid_host(value: &[u8]) -> bool {
+    value.is_empty()
+        || (!value.contains(&b'@')
+            && http::uri::Authority::try_from(value)
+                .is_ok_and(|a| a.as_str().len() == value.len() && !a.host().is_empty()))
+}
+
+/// The proxy's own request limits and RFC 9112's rules for a request's head, answered
+/// with JSON: a broken `Host` or `Transfer-Encoding` ([`breaks_rfc9112`]: 400 or 501),
+/// too many header lines (431), a request target too long (414).
 fn over_limits<B>(proxy: &Proxy, req: &Request<B>) -> Option<http::Response<crate::ResponseBody>> {
-    let config = &proxy.config;
-    let (status, error, detail) = if req.headers().len() > config.max_request_headers {
-        (
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "too many request headers",
-            format!(
-                "the request has {} header lines; the limit is {}",
-                req.headers().len(),
+    let refusal = breaks_rfc9112(req).or_else(|| beyond_limits(&proxy.config, req))?;
+    proxy.metrics.unrouted(refusal.status);
+    debug!(
+        status = refusal.status.as_u16(),
+        detail = refusal.detail,
+        "request refused"
+    );
+    let mut response = reply::error(refusal.status, refusal.error, "", &refusal.detail);
+    if refusal.close {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Some(response)
+}
+
+/// A request refused before it is routed.
+struct Refusal {
+    status: StatusCode,
+    error: &'static str,
+    detail: String,
+    /// The body's framing is unknown: close the connection after the answer.
+    close: bool,
+}
+
+/// Too many header lines (431), a request target too long (414).
+fn beyond_limits<B>(config: &ProxyConfig, req: &Request<B>) -> Option<Refusal> {
+    let lines = req.headers().len();
+    if lines > config.max_request_headers {
+        return Some(Refusal {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            error: "too many request headers",
+            detail: format!(
+                "the request has {lines} header lines; the limit is {}",
                 config.max_request_headers
             ),
-        )
-    } else {
-        let uri = req.uri();
-        let length = uri.path_and_query().map_or(0, |pq| pq.as_str().len())
-            + uri.authority().map_or(0, |a| a.as_str().len())
-            + uri.scheme_str().map_or(0, str::len);
-        if length <= config.max_uri_bytes {
-            return None;
-        }
-        (
-            StatusCode::URI_TOO_LONG,
-            "request target too long",
-            format!(
-                "the request target takes {length} bytes; the limit is {}",
-                config.max_uri_bytes
-            ),
-        )
-    };
-    proxy.metrics.unrouted(status);
-    debug!(status = status.as_u16(), detail, "request refused");
-    Some(reply::error(status, error, "", &detail))
+            close: false,
+        });
+    }
+    let uri = req.uri();
+    let length = uri.path_and_query().map_or(0, |pq| pq.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.scheme_str().map_or(0, str::len);
+    (length > config.max_uri_bytes).then(|| Refusal {
+        status: StatusCode::URI_TOO_LONG,
+        error: "request target too long",
+        detail: format!(
+            "the request target takes {length} bytes; the limit is {}",
+            config.max_uri_bytes
+        ),
+        close: false,
+    })
 }
 
 /// Seconds a shed client is asked to wait (`retry-after`).
