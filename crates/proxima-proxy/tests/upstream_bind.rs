@@ -106,6 +106,7 @@ async fn get(proxy: SocketAddr) -> StatusCode {
     tokio::spawn(conn);
     let req = Request::builder()
         .uri("/")
+        .header("host", "api")
         .header("x-service", "api")
         .body(Empty::<Bytes>::new())
         .unwrap();

@@ -79,6 +79,7 @@ async fn gets(proxy: SocketAddr, count: usize) -> Vec<String> {
     for _ in 0..count {
         let req = Request::builder()
             .uri("/")
+            .header("host", "api")
             .header("x-service", "api")
             .body(Empty::<Bytes>::new())
             .unwrap();
