@@ -200,7 +200,11 @@ impl TargetCache {
             .to_str()
             .map_err(|_| TargetError::Invalid("the service name is not ASCII"))?;
         let key = Arc::new(split_target(text, source, cluster_domain)?.key(default_namespace));
-        self.last = Some((source, raw.clone(), key.clone()));
+        // A copy of the few bytes, not `raw.clone()`: `raw` is usually a slice of the
+        // connection's read buffer (the head was split off it), and keeping it would pin
+        // that whole buffer for as long as the connection lives, idle or not.
+        let owned = HeaderValue::from_bytes(raw.as_bytes()).unwrap_or_else(|_| raw.clone());
+        self.last = Some((source, owned, key.clone()));
         Ok(key)
     }
 }
@@ -219,6 +223,23 @@ mod tests {
 
     fn key(ns: &str, name: &str) -> ServiceKey {
         ServiceKey::new(ns, name)
+    }
+
+    #[test]
+    fn the_remembered_name_does_not_hold_the_buffer_it_was_read_from() {
+        let head = bytes::Bytes::from(b"GET / HTTP/1.1\r\nx-service: api.shop\r\n\r\n".to_vec());
+        let raw = HeaderValue::from_maybe_shared(head.slice(27..35)).unwrap();
+        let mut cache = TargetCache::default();
+        let key = cache.key(&raw, Header, "default", "cluster.local").unwrap();
+        assert_eq!(*key, ServiceKey::new("shop", "api"));
+        drop(raw);
+        assert!(head.is_unique(), "the cache still holds the request's head");
+        // And it still recognises the name when it comes again.
+        let again = HeaderValue::from_static("api.shop");
+        let same = cache
+            .key(&again, Header, "default", "cluster.local")
+            .unwrap();
+        assert!(Arc::ptr_eq(&key, &same));
     }
 
     #[test]
