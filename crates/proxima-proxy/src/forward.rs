@@ -556,35 +556,59 @@ struct Watch<'a> {
     sent: &'a AtomicBool,
 }
 
-/// The moments a watched attempt is looked at again (see [`Proxy::watched`]).
-struct Waits {
-    /// When it goes overdue: the SLO after it began, plus the proxy's stalls.
-    overdue_at: Instant,
-    /// How long without an answer makes its pod count as hung ([`unanswered_limit`]),
-    /// and when that is (plus the proxy's stalls); `None` once judged.
-    hung_after: Duration,
-    hung_at: Option<Instant>,
-    deadline: Instant,
+/// A moment a watched attempt is judged at (see [`Proxy::watched`]): `limit` after it
+/// began, not counting the proxy's own stalls meanwhile.
+struct Moment {
+    limit: Duration,
+    /// When to look next (a stall moves it on); `None` once reached.
+    at: Option<Instant>,
 }
 
-impl Waits {
-    fn new(picked: &Picked, watch: &Watch<'_>) -> Self {
-        let hung_after = unanswered_limit(picked.route().settings());
+impl Moment {
+    fn new(start: Instant, limit: Duration) -> Self {
         Self {
-            overdue_at: picked.at + watch.slo,
-            hung_after,
-            hung_at: Some(picked.at + hung_after),
-            deadline: watch.deadline,
+            limit,
+            at: Some(start + limit),
         }
     }
 
-    fn next(&self, picked: &Picked) -> Instant {
-        let next = if picked.overdue() {
-            self.hung_at.unwrap_or(self.deadline)
-        } else {
-            self.overdue_at
-        };
-        next.min(self.deadline)
+    /// Whether an attempt begun at `start`, unanswered at `now` after `waited` (its wait
+    /// less the proxy's `stall`), reaches this moment now; if the stall explains the
+    /// wait, the moment moves on by the stall instead.
+    fn reached(&mut self, start: Instant, now: Instant, waited: Duration, stall: Duration) -> bool {
+        if self.at.is_none_or(|at| now < at) {
+            return false;
+        }
+        if waited <= self.limit {
+            self.at = Some(start + self.limit + stall + Duration::from_millis(1));
+            return false;
+        }
+        self.at = None;
+        true
+    }
+}
+
+/// The two moments of a watched attempt: overdue (the SLO), then hung
+/// ([`unanswered_limit`]), each judged once.
+struct Waits {
+    overdue: Moment,
+    hung: Moment,
+}
+
+impl Waits {
+    fn new(picked: &Picked, slo: Duration) -> Self {
+        Self {
+            overdue: Moment::new(picked.at, slo),
+            hung: Moment::new(picked.at, unanswered_limit(picked.route().settings())),
+        }
+    }
+
+    /// The next moment to look at, the deadline at the latest.
+    fn next(&self, deadline: Instant) -> Instant {
+        self.overdue
+            .at
+            .or(self.hung.at)
+            .map_or(deadline, |at| at.min(deadline))
     }
 }
 
@@ -702,8 +726,8 @@ impl Proxy {
             stall_start: watch.stall_start,
             armed: true,
         };
-        let mut waits = Waits::new(picked, &watch);
-        let timer = tokio::time::sleep_until(waits.next(picked).into());
+        let mut waits = Waits::new(picked, watch.slo);
+        let timer = tokio::time::sleep_until(waits.next(watch.deadline).into());
         tokio::pin!(timer);
         let result = loop {
             tokio::select! {
@@ -714,8 +738,8 @@ impl Proxy {
                     if now >= watch.deadline {
                         break Attempt::TimedOut { sent: watch.sent.load(Ordering::Relaxed) };
                     }
-                    self.judge_wait(picked, service, &watch, &mut waits, now);
-                    timer.as_mut().reset(waits.next(picked).into());
+                    self.judge_wait(picked, service, watch.stall_start, &mut waits, now);
+                    timer.as_mut().reset(waits.next(watch.deadline).into());
                 }
             }
         };
@@ -725,46 +749,34 @@ impl Proxy {
 
     /// An attempt still without response headers at `now`: store the overdue miss once
     /// it has waited longer than the SLO, then judge its pod once it has waited the
-    /// unanswered limit, each time not counting the proxy's own stalls (the stall
-    /// moves the moment on instead).
+    /// unanswered limit, neither counting the proxy's own stalls since `stall_start`.
     fn judge_wait(
         &self,
         picked: &Picked,
         service: &ServiceMetrics,
-        watch: &Watch<'_>,
+        stall_start: Duration,
         waits: &mut Waits,
         now: Instant,
     ) {
-        let stall = self.stall_total(now).saturating_sub(watch.stall_start);
+        let stall = self.stall_total(now).saturating_sub(stall_start);
         let waited = now
             .saturating_duration_since(picked.at)
             .saturating_sub(stall);
-        let later = |limit: Duration| picked.at + limit + stall + Duration::from_millis(1);
         let endpoint = &picked.endpoint().id;
-        if !picked.overdue() && now >= waits.overdue_at {
-            if waited <= watch.slo {
-                waits.overdue_at = later(watch.slo);
-                return;
-            }
-            debug!(service = service.label(), %endpoint, slo = ?watch.slo,
+        if waits.overdue.reached(picked.at, now, waited, stall) {
+            debug!(service = service.label(), %endpoint, slo = ?waits.overdue.limit,
                 "no response headers within the SLO: counted as a miss now");
             service.overdue();
             if let Some(change) = self.router.record_overdue(picked, now) {
                 self.pool_changed(service, endpoint, change);
             }
         }
-        if waits.hung_at.is_none_or(|at| now < at) {
-            return;
-        }
-        if waited <= waits.hung_after {
-            waits.hung_at = Some(later(waits.hung_after));
-            return;
-        }
-        waits.hung_at = None;
-        if let Some(change) = self.router.record_unanswered(picked, now) {
-            info!(service = service.label(), %endpoint, waited = ?waits.hung_after,
-                "endpoint answered nothing while a request waited: taken out of the QoS pool as hung");
-            self.metrics.pool_change(service, change);
+        if waits.hung.reached(picked.at, now, waited, stall) {
+            if let Some(change) = self.router.record_unanswered(picked, now) {
+                info!(service = service.label(), %endpoint, waited = ?waits.hung.limit,
+                    "endpoint answered nothing while a request waited: taken out of the QoS pool as hung");
+                self.metrics.pool_change(service, change);
+            }
         }
     }
 
