@@ -328,14 +328,11 @@ impl Route {
         processing: Option<Duration>,
     ) -> Option<Duration> {
         let endpoint = &self.endpoints[index];
-        if !endpoint.state.warming() || endpoint.state.measured() {
+        let on_this_node = local_node.is_some() && endpoint.endpoint.node.as_deref() == local_node;
+        if !endpoint.state.warming() || endpoint.state.measured() || on_this_node {
             return None;
         }
-        let node = endpoint.endpoint.node.as_deref()?;
-        if Some(node) == local_node {
-            return None;
-        }
-        env.latency(node, now)
+        self.rtt(index, env, local_node, now)
             .map(|rtt| rtt + processing.unwrap_or_default())
             .filter(|predicted| *predicted > self.spec.settings.latency_slo)
     }
