@@ -26,23 +26,10 @@ ORIGIN_PORT=$BASE_PORT
 PROXY_PORT=$((BASE_PORT + 1))
 ADMIN_PORT=$((BASE_PORT + 2))
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-RESULTS_DIR=${RESULTS_DIR:-$ROOT/benches/load/results}
-STAMP=$(date +%Y-%m-%d_%H%M%S)
-WORK=$(mktemp -d /tmp/proxima-scale.XXXXXX)
+NAME=scale
+# shellcheck source=benches/load/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 BIN=${PROXIMA_BIN:-}
-
-log() { printf '[scale %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-PIDS=()
-cleanup() {
-    local status=$?
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    if [[ $status -ne 0 ]]; then log "failed; logs kept in $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
 
 for tool in wrk nginx curl; do
     command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs it)"
