@@ -158,6 +158,86 @@ async fn a_next_http1_head_that_never_completes_meets_the_header_timeout() {
     );
 }
 
+/// Idle HTTP/1.1 connections park (give up their task, `park.rs`): counted by the parked
+/// gauge, each wakes for its next request and is answered as before, a parked client
+/// that closes is let go, and the idle limit still closes the rest, counted as idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_park_wake_for_their_next_request_and_idle_out() {
+    const CLIENTS: usize = 20;
+    let (_dir, proxima) = with_client_timeouts("park", "2s", "4s").await;
+    let request = b"GET / HTTP/1.1\r\nhost: x\r\nx-service: api\r\n\r\n";
+    let gauges = |text: &str| {
+        (
+            metric(text, "proxima_client_connections "),
+            metric(text, "proxima_client_connections_parked "),
+        )
+    };
+    let wait_for = |open: usize, parked: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = admin_text(proxima.admin, "/metrics").await;
+            let now = gauges(&text);
+            if now == (open as f64, parked as f64) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "(open, parked) = {now:?}, not ({open}, {parked})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut client = TcpStream::connect(proxima.proxy).await.unwrap();
+        client.write_all(request).await.unwrap();
+        read_ok_hi(&mut client).await;
+        clients.push(client);
+    }
+    wait_for(CLIENTS, CLIENTS).await;
+
+    // Woken by their next requests, twice, parking again in between.
+    for _ in 0..2 {
+        for client in &mut clients {
+            client.write_all(request).await.unwrap();
+            read_ok_hi(client).await;
+        }
+        wait_for(CLIENTS, CLIENTS).await;
+    }
+    // A request sent a byte at a time wakes its connection with the first byte.
+    let slow = &mut clients[0];
+    for byte in request.chunks(1) {
+        slow.write_all(byte).await.unwrap();
+    }
+    read_ok_hi(slow).await;
+    wait_for(CLIENTS, CLIENTS).await;
+
+    // Parked clients that close are let go.
+    let quitters = 5;
+    clients.truncate(CLIENTS - quitters);
+    wait_for(CLIENTS - quitters, CLIENTS - quitters).await;
+
+    // The idle limit (4 s from the last answer) closes the rest.
+    let since = Instant::now();
+    for client in &mut clients {
+        assert!(closed_within(client, Duration::from_secs(10)).await);
+    }
+    assert!(
+        since.elapsed() < Duration::from_secs(6),
+        "closed {:?} after the last answer, not by the 4 s idle limit",
+        since.elapsed()
+    );
+    wait_for(0, 0).await;
+    let text = admin_text(proxima.admin, "/metrics").await;
+    assert!(
+        metric(
+            &text,
+            "proxima_client_connections_closed_total{reason=\"idle\"}"
+        ) >= (CLIENTS - quitters) as f64,
+        "{text}"
+    );
+}
+
 // ---- 2. stale keep-alive connections ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,9 +26,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 for tool in nginx curl python3; do
     command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs nginx)"
 done
-# Each connection is a file on both sides.
-ulimit -n $((CONNECTIONS * 2 + 1000)) 2>/dev/null ||
-    die "cannot raise the open-file limit to $((CONNECTIONS * 2 + 1000)) (hard limit $(ulimit -Hn))"
+# Each connection is a file in the client and one in the proxy (separate processes).
+ulimit -n $((CONNECTIONS + 1000)) 2>/dev/null ||
+    die "cannot raise the open-file limit to $((CONNECTIONS + 1000)) (hard limit $(ulimit -Hn))"
 
 BINARIES=("$@")
 if [[ ${#BINARIES[@]} -eq 0 ]]; then

@@ -28,6 +28,7 @@
 //! | HTTP/1.1: the next request's head begun, not complete | `client_header_timeout` from its first byte (or the idle limit, if sooner) | close |
 //! | a response body streaming, or a write the client does not take (its socket full) | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
+//! | HTTP/1.1 on the proxy's own loop, nothing in flight, nothing of a next head | `park` ([`PARK_AFTER`]) from the last response | park: the connection gives up its task until the socket is readable (`server.rs`) |
 //!
 //! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
 //! other errors. hyper answers a request head it cannot take (longer than its read
@@ -55,7 +56,19 @@ pub(crate) struct ConnTimeouts {
     pub(crate) header: Duration,
     pub(crate) idle: Duration,
     pub(crate) body: Duration,
+    /// Idle time after which a connection may park; `None` where it cannot (hyper has
+    /// the connection).
+    pub(crate) park: Option<Duration>,
 }
+
+/// How long an HTTP/1.1 connection idles on its task before it parks (`park.rs`).
+/// Waking costs about what a request does (a task and its state made again), so a
+/// connection in steady use, whose next request comes sooner, does not park; a device
+/// that sends a reading now and then spends nearly all its time parked. Short, because
+/// connections that have not parked yet hold their task's state (several kilobytes):
+/// a burst of new connections costs that for a quarter second, not for their life.
+/// The watchdog looks at a busy connection this often (one timer per connection).
+pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
 struct State {
@@ -93,6 +106,8 @@ pub(crate) enum Verdict {
     Close(CloseReason),
     /// Cut at once: nothing moves.
     Cut(CloseReason),
+    /// Idle long enough to park (see [`ConnTimeouts::park`]).
+    Park,
 }
 
 /// [`ConnActivity::head_from_ms`] when no head has begun.
@@ -154,6 +169,11 @@ impl ConnActivity {
         }
     }
 
+    /// When the connection may be closed as idle, if it stays idle from now on.
+    pub(crate) fn idle_until(&self, timeouts: &ConnTimeouts) -> Instant {
+        self.state().idle_since + timeouts.idle
+    }
+
     fn last_io(&self) -> Instant {
         self.born + Duration::from_millis(self.last_io_ms.load(Ordering::Relaxed))
     }
@@ -188,7 +208,8 @@ impl ConnActivity {
     /// the earliest a limit that starts after `now` (a request ends, a body starts to
     /// stream) could end.
     pub(crate) fn next_check(&self, timeouts: &ConnTimeouts, now: Instant) -> Instant {
-        let soonest = now + timeouts.header.min(timeouts.idle).min(timeouts.body);
+        let shortest = timeouts.header.min(timeouts.idle).min(timeouts.body);
+        let soonest = now + timeouts.park.map_or(shortest, |park| park.min(shortest));
         self.deadline(timeouts)
             .map_or(soonest, |deadline| deadline.min(soonest))
     }
@@ -210,11 +231,24 @@ impl ConnActivity {
             Some(state.idle_since + timeouts.header)
         } else {
             let idle = state.idle_since + timeouts.idle;
+            let idle = match self.parkable(timeouts) {
+                Some(park) => idle.min(state.idle_since + park),
+                None => idle,
+            };
             Some(
                 self.head_from()
                     .map_or(idle, |from| idle.min(from + timeouts.header)),
             )
         }
+    }
+
+    /// The park limit, when it applies: HTTP/1.1 after a request, with nothing of the
+    /// next head read (the caller has checked that nothing is in flight or moving).
+    fn parkable(&self, timeouts: &ConnTimeouts) -> Option<Duration> {
+        let http1 = self.http1.load(Ordering::Relaxed);
+        timeouts
+            .park
+            .filter(|_| http1 && self.head_from().is_none())
     }
 
     /// Whether the connection has outlived its limit at `now`.
@@ -238,6 +272,10 @@ impl ConnActivity {
                 .is_some_and(|from| now.saturating_duration_since(from) >= timeouts.header);
             if state.requests > 0 && head_late {
                 return Verdict::Close(CloseReason::HeaderTimeout);
+            }
+            let park = self.parkable(timeouts).filter(|_| state.requests > 0);
+            if park.is_some_and(|park| now.saturating_duration_since(state.idle_since) >= park) {
+                return Verdict::Park;
             }
         }
         Verdict::Keep
@@ -323,6 +361,12 @@ impl<S> Watched<S> {
 
     fn idle(&self) -> bool {
         self.activity.busy.load(Ordering::Relaxed) == 0
+    }
+
+    /// The socket, for a connection that parks between requests (nothing is pending
+    /// or to be replayed then: the native loop parks only with nothing read).
+    pub(crate) fn into_inner(self) -> S {
+        self.inner
     }
 
     /// Have `bytes`, already read from the socket, read again before anything new.
@@ -454,12 +498,18 @@ impl Watched<tokio::net::TcpStream> {
     /// stream. A read that empties the receive queue also forgets the socket's
     /// readiness without a system call (`h1::forget_readable`), so that watching the
     /// socket for a close while a request is forwarded costs nothing.
+    ///
+    /// A `buf` without room gets it only once the socket is readable: a connection that
+    /// has sent nothing yet (new, or just woken from parking) holds no read buffer.
     pub(crate) fn poll_fill(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut bytes::BytesMut,
         room: usize,
     ) -> Poll<io::Result<usize>> {
+        if buf.capacity() == 0 {
+            ready!(self.inner.poll_read_ready(cx))?;
+        }
         let before = buf.len();
         let mut drained = false;
         let n = ready!(crate::h1::poll_fill(
@@ -621,6 +671,7 @@ mod tests {
             header: Duration::from_secs(1),
             idle: Duration::from_secs(2),
             body: Duration::from_secs(3),
+            park: None,
         }
     }
 
@@ -668,6 +719,51 @@ mod tests {
         assert_eq!(
             activity.verdict(&t, idle),
             Verdict::Close(CloseReason::Idle)
+        );
+    }
+
+    #[test]
+    fn an_idle_http1_connection_parks_after_its_limit_but_not_before_a_request_or_mid_head() {
+        let t0 = Instant::now();
+        let activity = ConnActivity::new(t0);
+        let t = ConnTimeouts {
+            park: Some(Duration::from_millis(250)),
+            ..timeouts()
+        };
+        // No request yet: the header limit, no parking.
+        assert_eq!(activity.verdict(&t, t0 + t.header / 2), Verdict::Keep);
+        assert_eq!(activity.next_check(&t, t0), t0 + Duration::from_millis(250));
+        drop(activity.begin(true));
+        let idle_since = activity.state().idle_since;
+        assert_eq!(
+            activity.deadline(&t),
+            Some(idle_since + Duration::from_millis(250))
+        );
+        assert_eq!(activity.verdict(&t, idle_since), Verdict::Keep);
+        assert_eq!(
+            activity.verdict(&t, idle_since + Duration::from_millis(250)),
+            Verdict::Park
+        );
+        // Where a connection cannot park (hyper has it), the idle limit is all there is.
+        let hyper = ConnTimeouts { park: None, ..t };
+        assert_eq!(activity.deadline(&hyper), Some(idle_since + t.idle));
+        assert_eq!(
+            activity.verdict(&hyper, idle_since + Duration::from_millis(250)),
+            Verdict::Keep
+        );
+        // A next head begun: its header limit, no parking.
+        activity.head_bytes(activity.elapsed_ms());
+        assert_eq!(
+            activity.verdict(&t, idle_since + Duration::from_millis(300)),
+            Verdict::Keep
+        );
+        // Over HTTP/2 (or before HTTP/1 is known), no parking either.
+        let h2 = ConnActivity::new(t0);
+        drop(h2.begin(false));
+        let since = h2.state().idle_since;
+        assert_eq!(
+            h2.verdict(&t, since + Duration::from_secs(1)),
+            Verdict::Keep
         );
     }
 

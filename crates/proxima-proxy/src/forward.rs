@@ -196,9 +196,7 @@ pub(crate) fn attempt<'a>(
                             return match first_frame(response.map(Rest::Native), deadline).await {
                                 Ok((response, at)) => {
                                     // The request is answered: its map can serve another.
-                                    crate::headers::spare_maps::give_back(std::mem::take(
-                                        req.headers_mut(),
-                                    ));
+                                    crate::spare::give_back(std::mem::take(req.headers_mut()));
                                     Attempt::Response(response, None, at)
                                 }
                                 Err(error) => Attempt::Failed(

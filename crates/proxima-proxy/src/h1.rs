@@ -45,8 +45,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 
 use crate::headers::{
-    connection_options, is_hop_by_hop_name, spare_maps, ConnectionOptions, KEEP_ALIVE,
-    PROXY_CONNECTION,
+    connection_options, is_hop_by_hop_name, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION,
 };
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
@@ -517,7 +516,7 @@ fn field_map(
     response: &httparse::Response<'_, '_>,
     fields: &mut FramingFields,
 ) -> Result<HeaderMap, H1Error> {
-    let mut headers = spare_maps::take(response.headers.len())
+    let mut headers = crate::spare::header_map(response.headers.len())
         .map_err(|_| H1Error::TooManyHeaders(response.headers.len()))?;
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())

@@ -18,6 +18,7 @@
 //! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
 //! | `proxima_worker_yields_total` | | times a data-plane worker, busy without a sleep for `--worker-yield-after` while a sibling worker had not run for as long, gave its CPU away once (`give_way.rs`) |
 //! | `proxima_client_connections` | | client connections open now |
+//! | `proxima_client_connections_parked` | | of those, idle ones parked without a task of their own (`park.rs`) |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //!
 //! Together with the routing-table gauges of the admin server (`proxima_endpoint_in_pool`,
@@ -142,6 +143,7 @@ pub struct Metrics {
     /// Serialises cache extensions and pruning.
     writer: Mutex<()>,
     client_connections: IntGauge,
+    parked_connections: IntGauge,
     connections_closed: IntCounterVec,
     pool: PoolMetrics,
     shed: IntCounter,
@@ -415,6 +417,11 @@ impl Metrics {
         let client_connections =
             IntGauge::new("proxima_client_connections", "Client connections open now.")?;
         registry.register(Box::new(client_connections.clone()))?;
+        let parked_connections = IntGauge::new(
+            "proxima_client_connections_parked",
+            "Idle client connections parked without a task of their own.",
+        )?;
+        registry.register(Box::new(parked_connections.clone()))?;
         let connections_closed = counter_vec(
             registry,
             "proxima_client_connections_closed_total",
@@ -483,6 +490,7 @@ impl Metrics {
             services,
             writer: Mutex::new(()),
             client_connections,
+            parked_connections,
             connections_closed,
             pool,
             shed,
@@ -520,6 +528,10 @@ impl Metrics {
     /// The gauge of open client connections.
     pub(crate) fn client_connections(&self) -> &IntGauge {
         &self.client_connections
+    }
+
+    pub(crate) fn parked_connections(&self) -> &IntGauge {
+        &self.parked_connections
     }
 
     /// Count a client connection the proxy closed.

@@ -58,7 +58,6 @@ use crate::conn::Watched;
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
 use crate::h1::RawFields;
-use crate::headers::spare_maps;
 use crate::request_body::RequestBody;
 use crate::target::TargetCache;
 
@@ -78,6 +77,18 @@ pub(crate) enum Served {
         io: Watched<TcpStream>,
         cache: TargetCache,
     },
+    /// Asked to park ([`Asks::park`]) while waiting for a next request with nothing of
+    /// it read: the socket, for the driver to wait on.
+    Parked { io: Watched<TcpStream> },
+}
+
+/// What the connection driver asks of the loop, read when the loop next looks.
+#[derive(Debug, Default)]
+pub(crate) struct Asks {
+    /// End the connection after the current response.
+    pub(crate) close: AtomicBool,
+    /// Give the socket back once waiting for a next request with nothing read.
+    pub(crate) park: AtomicBool,
 }
 
 /// Limits of the loop, from the proxy's configuration.
@@ -90,58 +101,75 @@ pub(crate) struct Limits {
     pub(crate) max_headers: usize,
 }
 
-/// Serve HTTP/1.x requests on `io` until the connection closes, or until one arrives
-/// that is not for this loop (see the module docs). `closing` is set by the connection
-/// driver to end the connection after the current response.
+/// Serve HTTP/1.x requests on `io` until the connection closes, until one arrives
+/// that is not for this loop (see the module docs), or until the driver asks it to
+/// park (`asks`).
+///
+/// The loop's state lives only while the connection is in use: an idle one parks
+/// (`park.rs`), and the read buffer, the exchange and the loop's future go with its task.
+/// The buffers a request needs while it is parsed and answered are the thread's
+/// (`spare.rs`), not the connection's.
 pub(crate) async fn serve(
     service: &ConnService,
     mut io: Watched<TcpStream>,
     limits: Limits,
-    closing: &AtomicBool,
+    asks: &Asks,
 ) -> Served {
+    // Allocated once the socket has bytes (see [`Watched::poll_fill`]).
     let mut buf = BytesMut::new();
     let mut cache = TargetCache::default();
-    let mut fields: Vec<Field> = Vec::new();
-    let mut head_out: Vec<u8> = Vec::new();
     // Bytes of `buf` already known to hold no complete head.
     let mut searched = 0;
     // The watch for the client going away while its request waits is polled only when
     // the socket woke it (see `gate.rs`).
     let watch = Gate::new();
     loop {
-        let parsed = loop {
-            // A head ends with a line end, so it can only have become complete if the
-            // new bytes hold one: a client sending a byte at a time cannot make the
-            // parse quadratic.
-            if buf[searched..].contains(&b'\n') {
-                match parse_request(
-                    &mut buf,
-                    limits.max_headers,
-                    &mut fields,
-                    service.service_header(),
-                ) {
-                    Parse::Partial => {}
-                    Parse::Request(parsed) => break parsed,
-                    Parse::NotNative => return handoff(io, buf, cache),
+        let (answer, keep_alive, head_request, version) = {
+            let parsed = loop {
+                // A head ends with a line end, so it can only have become complete if the
+                // new bytes hold one: a client sending a byte at a time cannot make the
+                // parse quadratic.
+                if buf[searched..].contains(&b'\n') {
+                    let mut fields = crate::spare::take().unwrap_or_default();
+                    let parsed = parse_request(
+                        &mut buf,
+                        limits.max_headers,
+                        &mut fields,
+                        service.service_header(),
+                    );
+                    crate::spare::give_back(fields);
+                    match parsed {
+                        Parse::Partial => {}
+                        Parse::Request(parsed) => break parsed,
+                        Parse::NotNative => return handoff(io, buf, cache),
+                    }
                 }
-            }
-            searched = buf.len();
-            if buf.len() >= limits.max_head {
-                return handoff(io, buf, cache);
-            }
-            match std::future::poll_fn(|cx| io.poll_fill(cx, &mut buf, READ_SIZE)).await {
-                Ok(0) | Err(_) => return Served::Closed,
-                Ok(_) => {}
-            }
+                searched = buf.len();
+                if buf.len() >= limits.max_head {
+                    return handoff(io, buf, cache);
+                }
+                let read = std::future::poll_fn(|cx| {
+                    if buf.is_empty() && asks.park.load(Ordering::Relaxed) {
+                        return Poll::Ready(None);
+                    }
+                    io.poll_fill(cx, &mut buf, READ_SIZE).map(Some)
+                });
+                match read.await {
+                    None => return Served::Parked { io },
+                    Some(Ok(0) | Err(_)) => return Served::Closed,
+                    Some(Ok(_)) => {}
+                }
+            };
+            searched = 0;
+            let Native {
+                request,
+                keep_alive,
+            } = parsed;
+            let head_request = request.method() == Method::HEAD;
+            let version = request.version();
+            let answer = service.admit(&mut cache, request).answer();
+            (answer, keep_alive, head_request, version)
         };
-        searched = 0;
-        let Native {
-            request,
-            keep_alive,
-        } = parsed;
-        let head_request = request.method() == Method::HEAD;
-        let version = request.version();
-        let answer = service.admit(&mut cache, request).answer();
         tokio::pin!(answer);
         // While the pod is asked, a close by the client aborts the request (the answer's
         // future is dropped). As in hyper, the socket is watched only while nothing of a
@@ -160,8 +188,9 @@ pub(crate) async fn serve(
                 }
             }
         };
-        let close = !keep_alive || closing.load(Ordering::Relaxed);
-        match respond(
+        let close = !keep_alive || asks.close.load(Ordering::Relaxed);
+        let mut head_out = crate::spare::take().unwrap_or_default();
+        let written = respond(
             &mut io,
             &mut head_out,
             response,
@@ -169,15 +198,16 @@ pub(crate) async fn serve(
             head_request,
             close,
         )
-        .await
-        {
+        .await;
+        crate::spare::give_back(head_out);
+        match written {
             Ok(true) => {}
             Ok(false) | Err(_) => {
                 let _ = io.shutdown().await;
                 return Served::Closed;
             }
         }
-        if closing.load(Ordering::Relaxed) {
+        if asks.close.load(Ordering::Relaxed) {
             let _ = io.shutdown().await;
             return Served::Closed;
         }
@@ -208,6 +238,21 @@ enum Parse {
 struct Field {
     name: HeaderName,
     value: Range<usize>,
+}
+
+/// The parser's field lists, kept per thread between heads.
+impl crate::spare::Spare for Vec<Field> {
+    fn kept() -> &'static std::thread::LocalKey<RefCell<Vec<Self>>> {
+        thread_local! {
+            static KEPT_FIELDS: RefCell<Vec<Vec<Field>>> = const { RefCell::new(Vec::new()) };
+        }
+        &KEPT_FIELDS
+    }
+
+    fn reset(&mut self) -> bool {
+        self.clear();
+        self.capacity() > 0 && self.capacity() <= COMMON_HEADERS
+    }
 }
 
 /// Why [`scan`] leaves a head to hyper.
@@ -273,7 +318,7 @@ fn parse_request(
     // Room for the forwarding headers `forward` adds, so the map is not grown and
     // rehashed once per request. A head with more fields than a map can hold
     // (`HeaderMap`'s 32768) is hyper's to refuse.
-    let Ok(mut headers) = spare_maps::take(fields.len() + FORWARDING_HEADERS) else {
+    let Ok(mut headers) = crate::spare::header_map(fields.len() + FORWARDING_HEADERS) else {
         return give_back(buf);
     };
     for field in fields.drain(..) {
@@ -411,7 +456,7 @@ async fn respond(
         None => Fields::Map(&parts.headers),
     };
     encode_head(head, &parts, fields, length, version, close);
-    spare_maps::give_back(std::mem::take(&mut parts.headers));
+    crate::spare::give_back(std::mem::take(&mut parts.headers));
     let mut body = Pin::new(&mut body);
     if framing == Framing::None {
         write_all(io, &mut [IoSlice::new(head)]).await?;

@@ -7,10 +7,15 @@
 //! request (reusing the previous key while the connection keeps naming the same
 //! service), then [`Proxy::forward`](crate::Proxy).
 //!
+//! An HTTP/1.1 connection that idles for `conn::PARK_AFTER` with nothing of a next
+//! request read parks: its task ends, and the worker's [`Lot`] keeps only its socket
+//! and a few fields until the socket is readable again (`park.rs`), so that thousands of
+//! idle devices cost a few hundred bytes each.
+//!
 //! Shutdown drains in two steps, within `shutdown_grace` in all:
 //! 1. **Drain, still listening.** Every open connection is asked to finish (HTTP/1.1
 //!    closes after the current response, HTTP/2 sends GOAWAY, an idle one closes now).
-//!    The listener stays open meanwhile: a new connection gets one answer, with
+//!    Parked connections close at once. The listener stays open meanwhile: a new connection gets one answer, with
 //!    `connection: close`. On a Kubernetes node the proxy's port is a hostPort, which
 //!    the next proxy pod can take only once this process is gone, so every moment the
 //!    port refuses connections is a moment this node's clients are cut off; refusing
@@ -31,7 +36,7 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,10 +51,11 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::balance::{Accepted, Member, Placed, Served};
-use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched};
+use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched, PARK_AFTER};
 use crate::conn_service::ConnService;
 use crate::gate::Gate;
 use crate::metrics::CloseReason;
+use crate::park::{Client, Lot, Open, Parked, Woken};
 use crate::request_body::RequestBody;
 use crate::serve_h1;
 use crate::target::TargetCache;
@@ -142,25 +148,36 @@ pub(crate) async fn serve_with(
             max_head: hyper_buffer(&proxy.config),
             max_headers: hyper_max_headers(&proxy.config),
         },
+        timeouts: ConnTimeouts {
+            header: proxy.config.client_header_timeout,
+            idle: proxy.config.client_idle_timeout,
+            body: proxy.config.body_idle_timeout,
+            park: Some(PARK_AFTER),
+        },
     });
-    let timeouts = ConnTimeouts {
-        header: proxy.config.client_header_timeout,
-        idle: proxy.config.client_idle_timeout,
-        body: proxy.config.body_idle_timeout,
-    };
     let mut connections = Cohorts::new();
     let mut acceptor = Acceptor::new(&proxy, listener)?;
-    let serve_one = |connections: &mut Cohorts, accepted: Accepted, served: Option<Served>| {
+    let mut lot = Lot::new(proxy.metrics.parked_connections().clone());
+    let mut sweep = tokio::time::interval(sweep_every(&servers.timeouts));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let serve = |connections: &mut Cohorts, client: Client| {
         let (set, finish, draining) = connections.joining();
         set.spawn(drive(
             proxy.clone(),
             servers.clone(),
-            timeouts,
-            accepted,
-            served,
+            client,
             finish,
             draining,
         ));
+    };
+    let serve_one = |connections: &mut Cohorts, accepted: Accepted, served: Option<Served>| {
+        let gauge = proxy.metrics.client_connections().clone();
+        let client = Client {
+            stream: accepted.stream,
+            peer: accepted.peer,
+            open: Open::new(accepted.permit, served, gauge),
+        };
+        serve(connections, client);
     };
     let grace = proxy.config.shutdown_grace;
     tokio::pin!(shutdown);
@@ -176,6 +193,7 @@ pub(crate) async fn serve_with(
                     "shutting down: finishing in-flight requests; new connections get one answer"
                 );
                 connections.drain();
+                lot.close_all();
                 close_by = Some(Instant::now() + grace / 2);
                 if connections.before.is_empty() {
                     break;
@@ -204,13 +222,26 @@ pub(crate) async fn serve_with(
                 }
             }
             Some(joined) = connections.before.join_next(), if !connections.before.is_empty() => {
-                log_join_error(joined);
+                if let Some(parked) = parked(joined).filter(|_| !draining) {
+                    lot.park(parked);
+                }
                 if draining && connections.before.is_empty() {
                     break;
                 }
             }
             Some(joined) = connections.during.join_next(), if !connections.during.is_empty() => {
-                log_join_error(joined);
+                // Accepted while draining: they close after one answer, never park.
+                drop(parked(joined));
+            }
+            woken = lot.next(Instant::now), if !lot.is_empty() => match woken {
+                Woken::Ready(client) => serve(&mut connections, client),
+                Woken::IdledOut(peer) => {
+                    debug!(%peer, reason = CloseReason::Idle.as_str(), "closing client connection");
+                    proxy.metrics.connection_closed(CloseReason::Idle);
+                }
+            },
+            _ = sweep.tick(), if !lot.is_empty() => {
+                lot.sweep(Instant::now());
             }
             () = sleep_until_some(close_by) => break,
         }
@@ -246,10 +277,18 @@ pub(crate) async fn serve_with(
     Ok(())
 }
 
-fn log_join_error(joined: Result<(), tokio::task::JoinError>) {
-    if let Err(error) = joined {
+/// A finished connection task's parked connection, if it parked.
+fn parked(joined: Result<Option<Parked>, tokio::task::JoinError>) -> Option<Parked> {
+    joined.unwrap_or_else(|error| {
         warn!(%error, "connection task failed");
-    }
+        None
+    })
+}
+
+/// How often the parked connections are checked for their idle limit: a few times
+/// per limit, at least once a second (a connection closes at most this late).
+fn sweep_every(timeouts: &ConnTimeouts) -> Duration {
+    (timeouts.idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 async fn sleep_until_some(at: Option<Instant>) {
@@ -262,8 +301,8 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// The connections of one listener: those accepted before shutdown, and those accepted
 /// while the proxy drains, each cohort with its own signal to finish.
 struct Cohorts {
-    before: JoinSet<()>,
-    during: JoinSet<()>,
+    before: JoinSet<Option<Parked>>,
+    during: JoinSet<Option<Parked>>,
     finish_before: watch::Sender<bool>,
     finish_during: watch::Sender<bool>,
 }
@@ -280,7 +319,7 @@ impl Cohorts {
 
     /// Where a connection accepted now goes: its set, its signal to finish, and whether
     /// the proxy is draining (the connection then gets one answer).
-    fn joining(&mut self) -> (&mut JoinSet<()>, watch::Receiver<bool>, bool) {
+    fn joining(&mut self) -> (&mut JoinSet<Option<Parked>>, watch::Receiver<bool>, bool) {
         if *self.finish_before.borrow() {
             (&mut self.during, self.finish_during.subscribe(), true)
         } else {
@@ -380,39 +419,34 @@ async fn handed_over(balance: &mut Option<Member>) -> (Option<Accepted>, Served)
 }
 
 /// The two servers a client connection may meet: the proxy's own HTTP/1.1 loop first,
-/// then hyper's, set up once per listener.
+/// then hyper's, set up once per listener; and the connections' timeouts.
 struct Servers {
     hyper: auto::Builder<TokioExecutor>,
     native: serve_h1::Limits,
+    timeouts: ConnTimeouts,
 }
 
-/// Serve one client connection, closing it when it is silent, idle or stalled (see
-/// `conn.rs`) or, gracefully, when `stop` turns true.
+/// Serve one client connection while it is in use, closing it when it is silent, idle
+/// or stalled (see `conn.rs`) or, gracefully, when `stop` turns true; `Some` when it
+/// parks instead (`park.rs`).
 ///
 /// The connection starts on the proxy's own HTTP/1.1 loop (`serve_h1.rs`); hyper takes
 /// it over, with the bytes read so far, at the first request that loop leaves to it
-/// (a body, an upgrade, HTTP/2, a head it cannot parse).
+/// (a body, an upgrade, HTTP/2, a head it cannot parse). hyper's state is on the heap,
+/// paid only by the connections hyper takes over.
 async fn drive(
     proxy: Arc<Proxy>,
     servers: Arc<Servers>,
-    timeouts: ConnTimeouts,
-    accepted: Accepted,
-    served: Option<Served>,
+    client: Client,
     mut stop: watch::Receiver<bool>,
     draining: bool,
-) {
-    let Accepted {
-        stream,
-        peer,
-        permit: _permit,
-    } = accepted;
-    let _served = served;
-    let gauge = proxy.metrics.client_connections().clone();
-    gauge.inc();
+) -> Option<Parked> {
+    let Client { stream, peer, open } = client;
     let _ = stream.set_nodelay(true);
     let activity = ConnActivity::new(Instant::now());
     let service = ConnService::new(proxy.clone(), peer, activity.clone());
     let io = Watched::new(stream, activity.clone(), proxy.config.max_uri_bytes);
+    let timeouts = servers.timeouts;
     let mut watchdog = Watchdog {
         check: Box::pin(tokio::time::sleep_until(
             activity.next_check(&timeouts, Instant::now()).into(),
@@ -427,7 +461,7 @@ async fn drive(
     // The watchdog rarely has anything to say: it is polled only when its own timer or
     // the shutdown signal woke it, not on every wake by the sockets.
     let gate = Gate::new();
-    if let Some((io, cache)) = serve_natively(
+    let (io, cache) = match serve_natively(
         &service,
         io,
         servers.native,
@@ -438,35 +472,56 @@ async fn drive(
     )
     .await
     {
-        let io = TokioIo::new(io);
-        let conn = servers
-            .hyper
-            .serve_connection(io, hyper_service(service, cache));
-        tokio::pin!(conn);
-        if watchdog.stopping {
-            conn.as_mut().graceful_shutdown();
+        Native::Closed => return None,
+        Native::Parked(io) => {
+            let stream = io.into_inner();
+            return Some(Parked {
+                client: Client { stream, peer, open },
+                idle_until: watchdog.activity.idle_until(&timeouts),
+            });
         }
-        loop {
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(error) = result {
-                        debug!(%peer, %error, "client connection ended with an error");
-                    }
-                    break;
+        Native::Handoff(io, cache) => (io, cache),
+    };
+    // hyper's connections do not park.
+    watchdog.timeouts.park = None;
+    let io = TokioIo::new(io);
+    let mut conn = Box::pin(
+        servers
+            .hyper
+            .serve_connection(io, hyper_service(service, cache)),
+    );
+    if watchdog.stopping {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    debug!(%peer, %error, "client connection ended with an error");
                 }
-                event = gate.wrap(watchdog.next(&mut stop)) => match event {
-                    Event::Graceful => conn.as_mut().graceful_shutdown(),
-                    Event::Cut => break,
-                }
+                return None;
+            }
+            event = gate.wrap(watchdog.next(&mut stop)) => match event {
+                Event::Graceful => conn.as_mut().graceful_shutdown(),
+                Event::Cut => return None,
+                Event::Park => {}
             }
         }
     }
-    gauge.dec();
 }
 
-/// The native phase of [`drive`]: `Some` with the socket (replaying the bytes read)
-/// and the target cache when hyper is to take the connection over. A connection
-/// accepted while the proxy drains (`draining`) gets one answer.
+/// How the native phase of [`drive`] ended.
+enum Native {
+    Closed,
+    /// hyper takes the connection over: the socket (replaying the bytes read) and the
+    /// target cache.
+    Handoff(Watched<TcpStream>, TargetCache),
+    /// Idle with nothing read: the socket, to park.
+    Parked(Watched<TcpStream>),
+}
+
+/// The native phase of [`drive`]. A connection accepted while the proxy drains
+/// (`draining`) gets one answer.
 async fn serve_natively(
     service: &ConnService,
     io: Watched<TcpStream>,
@@ -475,28 +530,33 @@ async fn serve_natively(
     gate: &Gate,
     stop: &mut watch::Receiver<bool>,
     draining: bool,
-) -> Option<(Watched<TcpStream>, TargetCache)> {
+) -> Native {
     if watchdog.stopping {
-        return None;
+        return Native::Closed;
     }
-    let close_after_response = AtomicBool::new(draining);
-    let native = serve_h1::serve(service, io, limits, &close_after_response);
+    let asks = serve_h1::Asks::default();
+    asks.close.store(draining, Ordering::Relaxed);
+    let native = serve_h1::serve(service, io, limits, &asks);
     tokio::pin!(native);
     loop {
         tokio::select! {
             served = native.as_mut() => return match served {
-                serve_h1::Served::Closed => None,
-                serve_h1::Served::Handoff { io, cache } => Some((io, cache)),
+                serve_h1::Served::Closed => Native::Closed,
+                serve_h1::Served::Handoff { io, cache } => Native::Handoff(io, cache),
+                serve_h1::Served::Parked { io } => Native::Parked(io),
             },
             event = gate.wrap(watchdog.next(stop)) => match event {
-                Event::Cut => return None,
+                Event::Cut => return Native::Closed,
                 // Accepted while the proxy drains: it closes after its one answer anyway,
                 // and its request may be on its way already (a close now would lose it).
                 Event::Graceful if draining => {}
                 // Between requests the connection just closes, as hyper's would; a
                 // request in flight is answered first, with `connection: close`.
-                Event::Graceful if watchdog.activity.is_idle() => return None,
-                Event::Graceful => close_after_response.store(true, Ordering::Relaxed),
+                Event::Graceful if watchdog.activity.is_idle() => return Native::Closed,
+                Event::Graceful => asks.close.store(true, Ordering::Relaxed),
+                // The loop parks when it next waits for a request with nothing read
+                // (the select polls it again at once).
+                Event::Park => asks.park.store(true, Ordering::Relaxed),
             }
         }
     }
@@ -508,6 +568,8 @@ enum Event {
     Graceful,
     /// Drop the connection now.
     Cut,
+    /// Idle long enough to park (`park.rs`).
+    Park,
 }
 
 /// The connection's timeouts and the proxy's shutdown, as events for the driver: one
@@ -554,6 +616,12 @@ impl Watchdog<'_> {
                             self.closing = true;
                             self.check.as_mut().reset((now + CLOSE_GRACE).into());
                             return Event::Graceful;
+                        }
+                        Verdict::Park => {
+                            let resting = ConnTimeouts { park: None, ..self.timeouts };
+                            let next = self.activity.next_check(&resting, now);
+                            self.check.as_mut().reset(next.into());
+                            return Event::Park;
                         }
                         Verdict::Cut(reason) => {
                             debug!(%peer, reason = reason.as_str(), "cutting stalled client connection");
