@@ -61,8 +61,12 @@ use crate::h1::RawFields;
 use crate::request_body::RequestBody;
 use crate::target::TargetCache;
 
-/// Bytes a read makes room for.
-const READ_SIZE: usize = 8 * 1024;
+/// Bytes a read makes room for: a whole head of the kind devices send (a few hundred
+/// bytes) and a few pipelined ones; a longer head grows the buffer by as much again per
+/// read. As nginx's `client_header_buffer_size` (1k), and for the same reason: a
+/// connection holds its buffer while it is in use, and a burst of new connections
+/// multiplies it (hyper starts at 8 KiB).
+const READ_SIZE: usize = 1024;
 /// Header field slots of a request's first parse (on the stack).
 const COMMON_HEADERS: usize = 64;
 /// Header fields the proxy adds to a request on its way to a pod (`headers.rs`).
@@ -115,7 +119,8 @@ pub(crate) async fn serve(
     limits: Limits,
     asks: &Asks,
 ) -> Served {
-    // Allocated once the socket has bytes (see [`Watched::poll_fill`]).
+    // Held while a head is read and its request runs; allocated once the socket has
+    // bytes (see [`Watched::poll_fill`]).
     let mut buf = BytesMut::new();
     let mut cache = TargetCache::default();
     // Bytes of `buf` already known to hold no complete head.
@@ -124,7 +129,7 @@ pub(crate) async fn serve(
     // the socket woke it (see `gate.rs`).
     let watch = Gate::new();
     loop {
-        let (answer, keep_alive, head_request, version) = {
+        let (mut answer, keep_alive, head_request, version) = {
             let parsed = loop {
                 // A head ends with a line end, so it can only have become complete if the
                 // new bytes hold one: a client sending a byte at a time cannot make the
@@ -167,10 +172,11 @@ pub(crate) async fn serve(
             } = parsed;
             let head_request = request.method() == Method::HEAD;
             let version = request.version();
-            let answer = service.admit(&mut cache, request).answer();
+            // On the heap while the request runs: its state (~3 KB) would otherwise stay in
+            // the connection's task between requests, until the connection parks.
+            let answer = Box::pin(service.admit(&mut cache, request).answer());
             (answer, keep_alive, head_request, version)
         };
-        tokio::pin!(answer);
         // While the pod is asked, a close by the client aborts the request (the answer's
         // future is dropped). As in hyper, the socket is watched only while nothing of a
         // next request is buffered: a client that pipelines and then half-closes still
@@ -188,18 +194,25 @@ pub(crate) async fn serve(
                 }
             }
         };
+        drop(answer);
         let close = !keep_alive || asks.close.load(Ordering::Relaxed);
         let mut head_out = crate::spare::take().unwrap_or_default();
-        let written = respond(
+        // On the heap too (~850 bytes), for the same reason as the answer.
+        let written = Box::pin(respond(
             &mut io,
             &mut head_out,
             response,
             version,
             head_request,
             close,
-        )
+        ))
         .await;
         crate::spare::give_back(head_out);
+        if buf.is_empty() {
+            // Nothing of a next request yet: the buffer goes until the socket has bytes
+            // (a kilobyte, which the allocator's thread cache hands back at once).
+            buf = BytesMut::new();
+        }
         match written {
             Ok(true) => {}
             Ok(false) | Err(_) => {
