@@ -7,12 +7,14 @@
 # Usage: benches/load/idle.sh [BINARY ...]   (default: target/dist/proxima, built first)
 # Environment (defaults in brackets):
 #   CONNECTIONS [5000]  REQUESTS [1] (per connection, before it goes idle)  ROUNDS [1] (each binary measured ROUNDS times, interleaved)
+#   BODY_BYTES [0] (0: GET; more: each request is a POST with a body this long, as a device sending a reading)
 #   BASE_PORT [18280] (origin port; proxy and admin use the next two)
 #   RESULTS_DIR [benches/load/results]
 set -euo pipefail
 
 CONNECTIONS=${CONNECTIONS:-5000}
 REQUESTS=${REQUESTS:-1}
+BODY_BYTES=${BODY_BYTES:-0}
 ROUNDS=${ROUNDS:-1}
 BASE_PORT=${BASE_PORT:-18280}
 ORIGIN_PORT=$BASE_PORT
@@ -62,7 +64,11 @@ cat >"$WORK/clients.py" <<'EOF'
 import asyncio, sys, time
 
 count, port, pid, requests = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-REQUEST = b"GET / HTTP/1.1\r\nhost: api\r\nx-service: api\r\n\r\n"
+body = int(sys.argv[5])
+if body:
+    REQUEST = (b"POST / HTTP/1.1\r\nhost: api\r\nx-service: api\r\ncontent-length: %d\r\n\r\n" % body) + b"x" * body
+else:
+    REQUEST = b"GET / HTTP/1.1\r\nhost: api\r\nx-service: api\r\n\r\n"
 
 def rss_anon():
     with open(f"/proc/{pid}/status") as f:
@@ -104,7 +110,7 @@ mkdir -p "$RESULTS_DIR"
 {
     echo "# Idle client connections, $STAMP"
     echo
-    echo "$CONNECTIONS keep-alive clients, $REQUESTS request(s) each then idle; the proxy's RssAnon before and 3 s after the last answer. Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "$CONNECTIONS keep-alive clients, $REQUESTS request(s) each ($([[ $BODY_BYTES -gt 0 ]] && echo "POST, $BODY_BYTES-byte body" || echo GET)) then idle; the proxy's RssAnon before and 3 s after the last answer. Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
     echo "| binary | round | RssAnon before (KiB) | after (KiB) | per connection (bytes) |"
     echo "|---|---:|---:|---:|---:|"
@@ -123,7 +129,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
             sleep 0.2
         done
         log "round $round, $bin: opening $CONNECTIONS connections"
-        read -r before after held < <(python3 "$WORK/clients.py" "$CONNECTIONS" "$PROXY_PORT" "$pid" "$REQUESTS")
+        read -r before after held < <(python3 "$WORK/clients.py" "$CONNECTIONS" "$PROXY_PORT" "$pid" "$REQUESTS" "$BODY_BYTES")
         [[ $held == "$CONNECTIONS" ]] || die "only $held of $CONNECTIONS connections answered"
         per=$(((after - before) * 1024 / CONNECTIONS))
         printf '| %s | %d | %d | %d | %d |\n' "$bin" "$round" "$before" "$after" "$per" >>"$RESULT"
@@ -133,5 +139,5 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
 done
 echo >>"$RESULT"
-echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Command: \`CONNECTIONS=$CONNECTIONS REQUESTS=$REQUESTS ROUNDS=$ROUNDS benches/load/idle.sh $*\`." >>"$RESULT"
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Command: \`CONNECTIONS=$CONNECTIONS REQUESTS=$REQUESTS BODY_BYTES=$BODY_BYTES ROUNDS=$ROUNDS benches/load/idle.sh $*\`." >>"$RESULT"
 cat "$RESULT"
