@@ -928,6 +928,48 @@ async fn shutdown_finishes_in_flight_requests_answering_new_connections_until_th
         .expect("serve ends cleanly");
 }
 
+#[tokio::test]
+async fn a_client_that_connects_as_the_shutdown_begins_gets_its_one_answer() {
+    // One thread: the proxy's loop runs only when this test waits, so the shutdown
+    // signal and the new connection are both ready when it next looks, every time.
+    let pod = backend("pod").await;
+    for round in 0..20 {
+        let mut proxy = TestProxy::start(vec![(
+            service("shop", "web", &[], &[]),
+            vec![endpoint("pod-0", pod.addr())],
+        )])
+        .await;
+        proxy.begin_shutdown();
+        let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
+        std::io::Write::write_all(
+            &mut client,
+            b"GET / HTTP/1.1\r\nhost: proxima\r\nx-service: web.shop\r\n\r\n",
+        )
+        .expect("send");
+        client.set_nonblocking(true).expect("nonblocking");
+        let mut client = tokio::net::TcpStream::from_std(client).expect("tokio stream");
+        let mut answer = Vec::new();
+        within(
+            "answer",
+            tokio::io::AsyncReadExt::read_to_end(&mut client, &mut answer),
+        )
+        .await
+        .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "round {round}: {answer:?}"
+        );
+        assert!(
+            answer.contains("connection: close"),
+            "round {round}: {answer:?}"
+        );
+        within("serve returns", proxy.server_stopped())
+            .await
+            .expect("serve ends cleanly");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_still_running_after_the_grace_period_are_cut_off() {
     let stuck = backend_with(BackendConfig::new("stuck").delay(Duration::from_secs(40))).await;

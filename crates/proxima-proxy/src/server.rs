@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -187,20 +188,19 @@ pub(crate) async fn serve_with(
         let draining = close_by.is_some();
         tokio::select! {
             () = &mut shutdown, if !draining => {
-                info!(
-                    connections = connections.before.len(),
-                    grace = ?grace,
-                    "shutting down: finishing in-flight requests; new connections get one answer"
-                );
-                connections.drain();
-                lot.close_all();
-                close_by = Some(Instant::now() + grace / 2);
+                close_by = Some(begin_drain(&mut connections, &mut lot, grace));
                 if connections.before.is_empty() {
                     break;
                 }
             }
             accepted = acceptor.next() => {
                 let Some(accepted) = accepted else { continue };
+                // The select draws between branches that are ready together: a client
+                // that connected just after the shutdown signal is served as one that
+                // came during the drain (one answer), never closed with the idle ones.
+                if !draining && (&mut shutdown).now_or_never().is_some() {
+                    close_by = Some(begin_drain(&mut connections, &mut lot, grace));
+                }
                 let placed = match &balance {
                     Some(member) => member.place(accepted),
                     None => {
@@ -214,6 +214,9 @@ pub(crate) async fn serve_with(
                     }
                     Placed::HandedOver => proxy.metrics.handed_over(),
                     Placed::Lost => {}
+                }
+                if close_by.is_some() && connections.before.is_empty() {
+                    break;
                 }
             }
             (accepted, served) = handed_over(&mut balance) => {
@@ -247,7 +250,11 @@ pub(crate) async fn serve_with(
         }
     }
     let stopping_since = close_by.map_or_else(Instant::now, |at| at - grace / 2);
-    drop(acceptor);
+    // Clients already in the listen queue get their one answer rather than the reset a
+    // closing listener gives them.
+    for accepted in acceptor.close() {
+        serve_one(&mut connections, accepted, None);
+    }
     // Connections other workers handed over before this one stopped are served like
     // those it accepted itself: answered, then closed as the shutdown asks.
     if let Some(member) = &mut balance {
@@ -275,6 +282,20 @@ pub(crate) async fn serve_with(
     }
     info!("proxy stopped");
     Ok(())
+}
+
+/// Drain step 1: connections accepted from now on get one answer, idle and parked ones
+/// close, those with a request in flight finish it. Returns when the listener closes at
+/// the latest (step 2).
+fn begin_drain(connections: &mut Cohorts, lot: &mut Lot, grace: Duration) -> Instant {
+    info!(
+        connections = connections.before.len(),
+        grace = ?grace,
+        "shutting down: finishing in-flight requests; new connections get one answer"
+    );
+    connections.drain();
+    lot.close_all();
+    Instant::now() + grace / 2
 }
 
 /// A finished connection task's parked connection, if it parked.
@@ -377,28 +398,7 @@ impl<'a> Acceptor<'a> {
     /// The next connection within the budget (`None`: one was shed, or accept failed).
     async fn next(&mut self) -> Option<Accepted> {
         match self.listener.accept().await {
-            Ok((stream, peer)) => {
-                // Shared with every other listener or worker serving this proxy.
-                let Ok(permit) = self.proxy.connections.clone().try_acquire_owned() else {
-                    // Over budget: close at once rather than hold the descriptor.
-                    drop(stream);
-                    self.proxy.metrics.connection_closed(CloseReason::Shed);
-                    if let Some(more) = self.sheds.allow(Instant::now()) {
-                        warn!(
-                            %peer,
-                            limit = self.proxy.config.max_client_connections,
-                            shed_since_last_line = more,
-                            "connection limit reached; shedding new client connections"
-                        );
-                    }
-                    return None;
-                };
-                Some(Accepted {
-                    stream,
-                    peer,
-                    permit,
-                })
-            }
+            Ok((stream, peer)) => admit(self.proxy, &mut self.sheds, stream, peer),
             Err(error) => {
                 if let Some(more) = self.accept_errors.allow(Instant::now()) {
                     warn!(%error, repeats_since_last_line = more, "accept failed");
@@ -408,7 +408,68 @@ impl<'a> Acceptor<'a> {
             }
         }
     }
+
+    /// Close the listener, taking the connections already in its listen queue (at most
+    /// [`WAITING_AT_CLOSE`], so that a flood of new ones cannot hold it open). Read
+    /// without waiting, from the socket itself: the runtime may not have seen them yet.
+    fn close(self) -> Vec<Accepted> {
+        let Self {
+            proxy,
+            listener,
+            mut sheds,
+            ..
+        } = self;
+        let listener = match listener.into_std() {
+            Ok(listener) => listener,
+            Err(_) => return Vec::new(),
+        };
+        let mut waiting = Vec::new();
+        for _ in 0..WAITING_AT_CLOSE {
+            let Ok((stream, peer)) = listener.accept() else {
+                break; // WouldBlock: none left (or an error: stop here either way)
+            };
+            let stream = stream
+                .set_nonblocking(true)
+                .and_then(|()| TcpStream::from_std(stream));
+            if let Some(accepted) = stream.ok().and_then(|s| admit(proxy, &mut sheds, s, peer)) {
+                waiting.push(accepted);
+            }
+        }
+        waiting
+    }
 }
+
+/// An accepted connection, if the connection budget has room for it.
+fn admit(
+    proxy: &Proxy,
+    sheds: &mut RateLimited,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<Accepted> {
+    // Shared with every other listener or worker serving this proxy.
+    let Ok(permit) = proxy.connections.clone().try_acquire_owned() else {
+        // Over budget: close at once rather than hold the descriptor.
+        drop(stream);
+        proxy.metrics.connection_closed(CloseReason::Shed);
+        if let Some(more) = sheds.allow(Instant::now()) {
+            warn!(
+                %peer,
+                limit = proxy.config.max_client_connections,
+                shed_since_last_line = more,
+                "connection limit reached; shedding new client connections"
+            );
+        }
+        return None;
+    };
+    Some(Accepted {
+        stream,
+        peer,
+        permit,
+    })
+}
+
+/// The most connections taken from the listen queue when the listener closes.
+const WAITING_AT_CLOSE: usize = 1024;
 
 /// The next connection another worker hands to this one; never, without a balance.
 async fn handed_over(balance: &mut Option<Member>) -> (Option<Accepted>, Served) {
@@ -531,7 +592,8 @@ async fn serve_natively(
     stop: &mut watch::Receiver<bool>,
     draining: bool,
 ) -> Native {
-    if watchdog.stopping {
+    // Told to stop before it began: close, unless it is one of those a drain answers.
+    if watchdog.stopping && !draining {
         return Native::Closed;
     }
     let asks = serve_h1::Asks::default();
