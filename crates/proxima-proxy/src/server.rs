@@ -15,8 +15,8 @@
 //! Shutdown drains in two steps, within `shutdown_grace` in all:
 //! 1. **Drain, still listening.** Every open connection is asked to finish (HTTP/1.1
 //!    closes after the current response, HTTP/2 sends GOAWAY, an idle one closes now).
-//!    Parked connections close at once. The listener stays open meanwhile: a new connection gets one answer, with
-//!    `connection: close`. On a Kubernetes node the proxy's port is a hostPort, which
+//!    Parked connections close at once. The listener stays open meanwhile: a new
+//!    connection gets one answer, with `connection: close`. On a Kubernetes node the proxy's port is a hostPort, which
 //!    the next proxy pod can take only once this process is gone, so every moment the
 //!    port refuses connections is a moment this node's clients are cut off; refusing
 //!    them while slow requests finish would add their time to that gap.
@@ -533,15 +533,15 @@ async fn drive(
     )
     .await
     {
-        Native::Closed => return None,
-        Native::Parked(io) => {
+        serve_h1::Served::Closed => return None,
+        serve_h1::Served::Parked { io } => {
             let stream = io.into_inner();
             return Some(Parked {
                 client: Client { stream, peer, open },
                 idle_until: watchdog.activity.idle_until(&timeouts),
             });
         }
-        Native::Handoff(io, cache) => (io, cache),
+        serve_h1::Served::Handoff { io, cache } => (io, cache),
     };
     // hyper's connections do not park.
     watchdog.timeouts.park = None;
@@ -571,16 +571,6 @@ async fn drive(
     }
 }
 
-/// How the native phase of [`drive`] ended.
-enum Native {
-    Closed,
-    /// hyper takes the connection over: the socket (replaying the bytes read) and the
-    /// target cache.
-    Handoff(Watched<TcpStream>, TargetCache),
-    /// Idle with nothing read: the socket, to park.
-    Parked(Watched<TcpStream>),
-}
-
 /// The native phase of [`drive`]. A connection accepted while the proxy drains
 /// (`draining`) gets one answer.
 async fn serve_natively(
@@ -591,10 +581,10 @@ async fn serve_natively(
     gate: &Gate,
     stop: &mut watch::Receiver<bool>,
     draining: bool,
-) -> Native {
+) -> serve_h1::Served {
     // Told to stop before it began: close, unless it is one of those a drain answers.
     if watchdog.stopping && !draining {
-        return Native::Closed;
+        return serve_h1::Served::Closed;
     }
     let asks = serve_h1::Asks::default();
     asks.close.store(draining, Ordering::Relaxed);
@@ -602,19 +592,15 @@ async fn serve_natively(
     tokio::pin!(native);
     loop {
         tokio::select! {
-            served = native.as_mut() => return match served {
-                serve_h1::Served::Closed => Native::Closed,
-                serve_h1::Served::Handoff { io, cache } => Native::Handoff(io, cache),
-                serve_h1::Served::Parked { io } => Native::Parked(io),
-            },
+            served = native.as_mut() => return served,
             event = gate.wrap(watchdog.next(stop)) => match event {
-                Event::Cut => return Native::Closed,
+                Event::Cut => return serve_h1::Served::Closed,
                 // Accepted while the proxy drains: it closes after its one answer anyway,
                 // and its request may be on its way already (a close now would lose it).
                 Event::Graceful if draining => {}
                 // Between requests the connection just closes, as hyper's would; a
                 // request in flight is answered first, with `connection: close`.
-                Event::Graceful if watchdog.activity.is_idle() => return Native::Closed,
+                Event::Graceful if watchdog.activity.is_idle() => return serve_h1::Served::Closed,
                 Event::Graceful => asks.close.store(true, Ordering::Relaxed),
                 // The loop parks when it next waits for a request with nothing read
                 // (the select polls it again at once).
