@@ -56,6 +56,11 @@ pub struct ProxyConfig {
     /// a client that stopped sending its request body) is closed, and with it the
     /// connection to the pod. Default 60 s.
     pub body_idle_timeout: Duration,
+    /// An upgraded connection (a WebSocket) on which no byte moves either way for this
+    /// long is closed (`tunnel.rs`). Default 5 minutes.
+    pub tunnel_idle_timeout: Duration,
+    /// How long a tunnel stays open once its pod has left discovery. Default 10 s.
+    pub tunnel_removed_grace: Duration,
     /// Most client connections open at once; beyond it new connections are accepted and
     /// closed at once (shed), so that file descriptors stay for pods, discovery and the
     /// admin server. Default 4096.
@@ -93,6 +98,8 @@ impl Default for ProxyConfig {
             client_header_timeout: Duration::from_secs(30),
             client_idle_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
+            tunnel_idle_timeout: Duration::from_secs(300),
+            tunnel_removed_grace: Duration::from_secs(10),
             max_client_connections: 4096,
             max_concurrent_requests: 4096,
             max_concurrent_first_probes: 32,

@@ -650,7 +650,7 @@ struct Failure {
 }
 
 impl Proxy {
-    fn pick(
+    pub(crate) fn pick(
         &self,
         key: &ServiceKey,
         port: Option<PortRef<'_>>,
@@ -867,6 +867,11 @@ impl Proxy {
                 .ok()
                 .and_then(|(_, port)| port);
             let key = &*target.key;
+            if let Some(protocols) = crate::tunnel::asked(&req) {
+                return self
+                    .tunnel(req, key, port, protocols, &client_ip, start)
+                    .await;
+            }
             let client_version = req.version();
             prepare(&mut req, &client_ip);
             let replayable = req.body().is_end_stream() && is_idempotent(req.method());
@@ -1080,7 +1085,7 @@ impl Proxy {
     }
 
     /// Answer a request for which the first pick found nothing.
-    fn no_endpoint(
+    pub(crate) fn no_endpoint(
         &self,
         key: &ServiceKey,
         error: PickError,

@@ -51,6 +51,7 @@ mod spans;
 mod spare;
 mod stall;
 pub mod target;
+mod tunnel;
 mod worker;
 mod workers;
 

@@ -20,6 +20,9 @@
 //! | `proxima_client_connections` | | client connections open now |
 //! | `proxima_client_connections_parked` | | of those, idle ones parked without a task of their own (`park.rs`) |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
+//! | `proxima_tunnels_open` | | upgraded connections (WebSockets) tunnelled to pods now (`tunnel.rs`) |
+//! | `proxima_tunnels_total` | outcome=`opened`\|`declined`\|`refused` | upgrade requests: tunnels opened, declined by the pod (its answer passed on), refused by the proxy over `--max-client-connections` |
+//! | `proxima_tunnels_closed_total` | reason=`closed`\|`error`\|`idle`\|`removed` | tunnels ended: a side closed, a side failed, nothing moved for `--tunnel-idle-timeout`, the pod left discovery |
 //!
 //! Together with the routing-table gauges of the admin server (`proxima_endpoint_in_pool`,
 //! `proxima_endpoint_in_flight`, `proxima_endpoint_estimate_seconds`, computed at scrape
@@ -149,6 +152,86 @@ pub struct Metrics {
     shed: IntCounter,
     handed_over: IntCounter,
     worker_yields: IntCounter,
+    tunnels: TunnelMetrics,
+}
+
+/// Handles of the tunnel metrics (see the module docs).
+#[derive(Debug)]
+struct TunnelMetrics {
+    open: IntGauge,
+    opened: IntCounter,
+    declined: IntCounter,
+    refused: IntCounter,
+    closed: [IntCounter; 4],
+}
+
+/// Why a tunnel ended (`proxima_tunnels_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TunnelClose {
+    /// A side closed its end.
+    Closed,
+    /// A side failed (reset, broken pipe).
+    Error,
+    /// No byte moved for `tunnel_idle_timeout`.
+    Idle,
+    /// Its pod left discovery and `tunnel_removed_grace` passed.
+    Removed,
+}
+
+impl TunnelClose {
+    const ALL: [TunnelClose; 4] = [
+        TunnelClose::Closed,
+        TunnelClose::Error,
+        TunnelClose::Idle,
+        TunnelClose::Removed,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TunnelClose::Closed => "closed",
+            TunnelClose::Error => "error",
+            TunnelClose::Idle => "idle",
+            TunnelClose::Removed => "removed",
+        }
+    }
+}
+
+impl TunnelMetrics {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let open = IntGauge::new(
+            "proxima_tunnels_open",
+            "Upgraded connections (WebSockets) tunnelled to pods now.",
+        )?;
+        registry.register(Box::new(open.clone()))?;
+        let outcomes = counter_vec(
+            registry,
+            "proxima_tunnels_total",
+            "Upgrade requests, by outcome (opened, declined by the pod, refused over the connection budget).",
+            &["outcome"],
+        )?;
+        let closed = counter_vec(
+            registry,
+            "proxima_tunnels_closed_total",
+            "Tunnels ended, by reason (closed, error, idle, removed).",
+            &["reason"],
+        )?;
+        Ok(Self {
+            open,
+            opened: outcomes.with_label_values(&["opened"]),
+            declined: outcomes.with_label_values(&["declined"]),
+            refused: outcomes.with_label_values(&["refused"]),
+            closed: TunnelClose::ALL.map(|r| closed.with_label_values(&[r.as_str()])),
+        })
+    }
+}
+
+/// Counts a tunnel in `proxima_tunnels_open` until dropped.
+pub(crate) struct OpenTunnel(IntGauge);
+
+impl Drop for OpenTunnel {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Why the connection pool closed an idle connection
@@ -480,6 +563,7 @@ impl Metrics {
             "Times a data-plane worker, busy without a sleep for --worker-yield-after while a sibling worker had not run for as long, gave its CPU away once.",
         )?;
         registry.register(Box::new(worker_yields.clone()))?;
+        let tunnels = TunnelMetrics::register(registry)?;
         let services: Arc<ServiceMap> = Arc::new(ArcSwap::from_pointee(FastMap::default()));
         registry.register(Box::new(EndpointCounters::new(
             services.clone(),
@@ -496,7 +580,34 @@ impl Metrics {
             shed,
             handed_over,
             worker_yields,
+            tunnels,
         })
+    }
+
+    /// Count a tunnel opened; it counts as open until the guard is dropped.
+    pub(crate) fn tunnel_opened(&self) -> OpenTunnel {
+        self.tunnels.opened.inc();
+        self.tunnels.open.inc();
+        OpenTunnel(self.tunnels.open.clone())
+    }
+
+    /// Count an upgrade the pod declined.
+    pub(crate) fn tunnel_declined(&self) {
+        self.tunnels.declined.inc();
+    }
+
+    /// Count an upgrade refused over the connection budget.
+    pub(crate) fn tunnel_refused(&self) {
+        self.tunnels.refused.inc();
+    }
+
+    /// Count a tunnel that ended.
+    pub(crate) fn tunnel_closed(&self, reason: TunnelClose) {
+        let index = TunnelClose::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.tunnels.closed[index].inc();
     }
 
     /// The counter of workers giving their CPU away (`give_way.rs`).

@@ -549,7 +549,7 @@ async fn drive(
     let mut conn = Box::pin(
         servers
             .hyper
-            .serve_connection(io, hyper_service(service, cache)),
+            .serve_connection_with_upgrades(io, hyper_service(service, cache)),
     );
     if watchdog.stopping {
         conn.as_mut().graceful_shutdown();

@@ -436,6 +436,28 @@ pub struct LimitArgs {
     )]
     pub body_idle_timeout: Duration,
 
+    /// An upgraded connection (a WebSocket tunnelled to a pod) on which no byte moves
+    /// either way for this long is closed.
+    #[arg(
+        long,
+        env = "PROXIMA_TUNNEL_IDLE_TIMEOUT",
+        default_value = "5m",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub tunnel_idle_timeout: Duration,
+
+    /// How long a tunnel stays open once its pod has left discovery (deleted, or gone
+    /// from the topology file); the pod gets no new tunnels meanwhile.
+    #[arg(
+        long,
+        env = "PROXIMA_TUNNEL_REMOVED_GRACE",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub tunnel_removed_grace: Duration,
+
     /// Most client connections open at once; beyond it new connections are closed as
     /// soon as they are accepted. `auto`: half of the open-file limit (ulimit -n) left
     /// after 256 descriptors kept for pods, discovery and the admin server (each
@@ -820,6 +842,8 @@ impl ProxyArgs {
             client_header_timeout: self.limits.client_header_timeout,
             client_idle_timeout: self.limits.client_idle_timeout,
             body_idle_timeout: self.limits.body_idle_timeout,
+            tunnel_idle_timeout: self.limits.tunnel_idle_timeout,
+            tunnel_removed_grace: self.limits.tunnel_removed_grace,
             max_client_connections: self.limits.max_client_connections.resolve(),
             max_concurrent_requests: self.limits.max_concurrent_requests as usize,
             max_request_headers: self.limits.max_request_headers,

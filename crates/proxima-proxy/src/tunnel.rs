@@ -1,0 +1,549 @@
+//! Upgrades passed through to pods (RFC 9110 §7.8): WebSockets (RFC 6455) and any other
+//! protocol a client asks for and a pod accepts, except `h2c`.
+//!
+//! An HTTP/1.1 request with `Connection: upgrade` and `Upgrade: <protocols>` goes to a
+//! pod that the service's strategy picks (the QoS pool, for `qos-pool`), on a connection
+//! of its own: a tunnel never takes a pooled keep-alive connection, and its connection
+//! is never pooled. The request keeps its `Upgrade` (the other hop-by-hop fields go, as
+//! for any request). The time to the pod's answer is the pod's sample, as any request's.
+//!
+//! * **`101` naming protocols the client asked for**: the client gets the `101`, and once
+//!   both sides have switched, bytes are copied both ways until either side closes, no
+//!   byte moves for `tunnel_idle_timeout`, or the pod has been gone from discovery for
+//!   `tunnel_removed_grace`. While open, the tunnel counts as a request in flight on its
+//!   pod (strategies that weigh load see it) and as a client connection against
+//!   `max_client_connections` (the client's own connection ends when it switches): a
+//!   client opening thousands of tunnels meets the same bound as one opening
+//!   thousands of connections. A pod that leaves the QoS pool keeps its open tunnels and
+//!   gets no new ones (the pick decides).
+//! * **`101` naming another protocol, or none**: `502`, as any `101` not asked for.
+//! * **Any other answer**: the pod declined the upgrade (RFC 9110 §7.8 lets a server
+//!   ignore it, and a WebSocket server answers `400`, `401` or `404` to a handshake it
+//!   refuses). The client gets that answer (its body up to [`MAX_DECLINED_BODY`]; a longer
+//!   one is `502`), and the connection closes after it.
+//! * **Connect failures** are retried on another pod, as for any request (nothing was
+//!   sent); a failure after sending is `502`, and the service's `timeout` bounds the time
+//!   to the pod's answer (`504`).
+//!
+//! `Upgrade: h2c` alone is not a tunnel: RFC 9113 §3.1 retired it and through a proxy it
+//! is a request-smuggling vector, so such a request is forwarded as a plain one with its
+//! `Upgrade` dropped (when other protocols are offered too, `h2c` is struck from the
+//! list).
+//!
+//! The client's HTTP/2 extended CONNECT (RFC 8441) is not offered: HTTP/2 clients reach
+//! WebSocket pods over HTTP/1.1 only.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, UPGRADE};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use proxima_core::{EndpointId, Outcome, PickError, Picked, PortRef, ServiceKey};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{debug, info, warn};
+
+use crate::body::ResponseBody;
+use crate::connect::connect_from;
+use crate::headers::{add_forwarded, strip_hop_by_hop};
+use crate::metrics::{ErrorKind, ServiceMetrics, TunnelClose};
+use crate::request_body::RequestBody;
+use crate::Proxy;
+
+/// The longest body of a pod's answer declining an upgrade that is passed on.
+pub(crate) const MAX_DECLINED_BODY: usize = 64 * 1024;
+
+/// How often an open tunnel checks that its pod is still in discovery.
+const REMOVAL_CHECK: Duration = Duration::from_secs(1);
+
+/// The protocols a request asks to upgrade to, `h2c` struck out (see the module docs);
+/// `None` when it asks for none, or for `h2c` alone.
+pub(crate) fn asked<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 || !connection_has_upgrade(req.headers()) {
+        return None;
+    }
+    let offered: Vec<&str> = req
+        .headers()
+        .get_all(UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.eq_ignore_ascii_case("h2c"))
+        .collect();
+    if offered.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&offered.join(", ")).ok()
+}
+
+/// Whether `Connection` carries the `upgrade` option.
+fn connection_has_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|option| option.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Whether every protocol in the pod's `Upgrade` was among those `asked` (names compared
+/// without case, versions exactly), and it names at least one.
+fn accepted_as_asked(answer: &HeaderMap, asked: &HeaderValue) -> bool {
+    let asked: Vec<String> = tokens(asked.to_str().unwrap_or_default());
+    let answered: Vec<String> = answer
+        .get_all(UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(tokens)
+        .collect();
+    !answered.is_empty() && answered.iter().all(|p| asked.contains(p))
+}
+
+fn tokens(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(|p| p.trim().to_ascii_lowercase())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Why no tunnel was set up on one pod.
+enum Failed {
+    /// Nothing reached the pod: another may be tried.
+    NotSent(String),
+    /// The request was sent; the client gets `status`.
+    Sent(StatusCode, &'static str, String),
+    /// The pod declined the upgrade: its answer, for the client.
+    Declined(Response<ResponseBody>),
+}
+
+impl Proxy {
+    /// Pass an upgrade request to a pod and, if it switches, tunnel the connection (see
+    /// the module docs). `protocols` is what [`asked`] found.
+    pub(crate) async fn tunnel(
+        self: &Arc<Self>,
+        mut req: Request<RequestBody>,
+        key: &ServiceKey,
+        port: Option<PortRef<'_>>,
+        protocols: HeaderValue,
+        client_ip: &HeaderValue,
+        start: Instant,
+    ) -> Response<ResponseBody> {
+        let name = key.to_string();
+        if !req.body().is_end_stream() {
+            return self.refuse_upgrade(
+                StatusCode::BAD_REQUEST,
+                &name,
+                "an upgrade request with a body is not supported",
+            );
+        }
+        let Some(client_side) = req.extensions_mut().remove::<OnUpgrade>() else {
+            return self.refuse_upgrade(
+                StatusCode::NOT_IMPLEMENTED,
+                &name,
+                "this connection cannot switch protocols",
+            );
+        };
+        // Counted as a client connection while open (see the module docs).
+        let Ok(seat) = self.connections.clone().try_acquire_owned() else {
+            self.metrics.tunnel_refused();
+            return self.refuse_upgrade(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &name,
+                &format!(
+                    "the proxy has its limit of {} client connections and tunnels open",
+                    self.config.max_client_connections
+                ),
+            );
+        };
+        let head = upstream_head(&req, &protocols, client_ip);
+        let mut tried: Vec<EndpointId> = Vec::new();
+        let mut last_failure = None;
+        loop {
+            let picked = match self.pick(key, port, Instant::now(), &tried) {
+                Ok(picked) => picked,
+                Err(error) => return self.no_pod_for_tunnel(key, error, last_failure, start),
+            };
+            let service = self.metrics.service(picked.route().key());
+            service.pick(picked.reason);
+            match self.handshake(&picked, &service, &head, &protocols).await {
+                Ok((response, pod_side)) => {
+                    let answer = client_answer(&response);
+                    tokio::spawn(
+                        self.clone()
+                            .run(picked, service, client_side, pod_side, seat),
+                    );
+                    return answer;
+                }
+                Err(Failed::NotSent(error)) => {
+                    let retries = picked.route().settings().retries;
+                    warn!(service = service.label(), endpoint = %picked.endpoint().id, %error, "could not reach endpoint for an upgrade");
+                    tried.push(picked.endpoint().id.clone());
+                    last_failure = Some(error);
+                    if tried.len() > retries as usize {
+                        let detail = last_failure.unwrap_or_default();
+                        return self.refuse_upgrade(StatusCode::BAD_GATEWAY, &name, &detail);
+                    }
+                }
+                Err(Failed::Declined(answer)) => return answer,
+                Err(Failed::Sent(status, error, detail)) => {
+                    debug!(service = service.label(), endpoint = %picked.endpoint().id, %detail, "upgrade failed");
+                    return reply_error(status, error, &name, &detail);
+                }
+            }
+        }
+    }
+
+    /// One pod's answer to the upgrade: its `101` and its side of the connection, or
+    /// why not. The pod's answer is recorded as its sample.
+    async fn handshake(
+        &self,
+        picked: &Picked,
+        service: &ServiceMetrics,
+        head: &Request<()>,
+        protocols: &HeaderValue,
+    ) -> Result<(Response<hyper::body::Incoming>, OnUpgrade), Failed> {
+        let settings = picked.route().settings();
+        let (timeout, connect_timeout) = (settings.timeout, settings.connect_timeout);
+        let endpoint = service.endpoint(&picked.endpoint().id);
+        let start = Instant::now();
+        let stall_start = self.stall_total(start);
+        let record = |outcome: Outcome| {
+            let now = Instant::now();
+            let stall = self.stall_total(now).saturating_sub(stall_start);
+            if let Some(change) = self.router.record_stalled(picked, now, outcome, stall) {
+                self.pool_changed(service, &picked.endpoint().id, change);
+            }
+        };
+        let connected = tokio::time::timeout(
+            connect_timeout,
+            connect_from(picked.addr, self.config.upstream_bind),
+        )
+        .await;
+        let stream = match connected {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("connect timed out".to_string()),
+        };
+        let stream = stream.map_err(|error| {
+            record(Outcome::ConnectFailed);
+            endpoint.error(ErrorKind::Connect);
+            let (id, addr) = (&picked.endpoint().id, picked.addr);
+            Failed::NotSent(format!("{id} ({addr}): {error}"))
+        })?;
+        let _ = stream.set_nodelay(true);
+        let sent = async {
+            let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+                .handshake(TokioIo::new(stream))
+                .await?;
+            tokio::spawn(connection.with_upgrades());
+            sender.send_request(with_empty_body(head)).await
+        };
+        let mut response = match tokio::time::timeout(timeout, sent).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                record(Outcome::Failed);
+                endpoint.error(ErrorKind::Protocol);
+                let detail = format!("endpoint {}: {error}", picked.endpoint().id);
+                return Err(Failed::Sent(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream error",
+                    detail,
+                ));
+            }
+            Err(_) => {
+                record(Outcome::Failed);
+                endpoint.error(ErrorKind::Timeout);
+                let detail = format!(
+                    "endpoint {} did not answer the upgrade within {timeout:?}",
+                    picked.endpoint().id
+                );
+                return Err(Failed::Sent(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream timeout",
+                    detail,
+                ));
+            }
+        };
+        let latency = start.elapsed();
+        let status = response.status();
+        record(Outcome::Answered {
+            latency,
+            status: status.as_u16(),
+        });
+        endpoint.upstream_duration(latency);
+        endpoint.response(status);
+        if status != StatusCode::SWITCHING_PROTOCOLS {
+            self.metrics.tunnel_declined();
+            return Err(declined(response, picked).await);
+        }
+        if !accepted_as_asked(response.headers(), protocols) {
+            let detail = format!(
+                "endpoint {} switched to {:?}, which was not asked for ({protocols:?})",
+                picked.endpoint().id,
+                response.headers().get(UPGRADE)
+            );
+            return Err(Failed::Sent(
+                StatusCode::BAD_GATEWAY,
+                "upstream protocol error",
+                detail,
+            ));
+        }
+        let pod_side = hyper::upgrade::on(&mut response);
+        Ok((response, pod_side))
+    }
+
+    /// Copy bytes both ways until either side closes, the tunnel idles out or its pod
+    /// has been gone from discovery for the grace period (see the module docs).
+    async fn run(
+        self: Arc<Self>,
+        picked: Picked,
+        service: Arc<ServiceMetrics>,
+        client_side: OnUpgrade,
+        pod_side: OnUpgrade,
+        seat: OwnedSemaphorePermit,
+    ) {
+        let (client, pod) = match tokio::try_join!(client_side, pod_side) {
+            Ok(sides) => sides,
+            Err(error) => {
+                debug!(service = service.label(), %error, "upgrade did not complete");
+                return;
+            }
+        };
+        let open = self.metrics.tunnel_opened();
+        let started = Instant::now();
+        let activity = Arc::new(AtomicU64::new(0));
+        let mut client = Tracked::new(client, started, activity.clone());
+        let mut pod = Tracked::new(pod, started, activity.clone());
+        let idle = self.config.tunnel_idle_timeout;
+        let reason = tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut client, &mut pod) => match copied {
+                Ok(_) => TunnelClose::Closed,
+                Err(_) => TunnelClose::Error,
+            },
+            () = idled_out(started, &activity, idle) => TunnelClose::Idle,
+            () = self.pod_removed(&picked) => TunnelClose::Removed,
+        };
+        info!(
+            service = service.label(),
+            endpoint = %picked.endpoint().id,
+            reason = reason.as_str(),
+            open_for_ms = started.elapsed().as_millis() as u64,
+            "tunnel closed"
+        );
+        drop(open);
+        self.metrics.tunnel_closed(reason);
+        drop((picked, seat));
+    }
+
+    /// Returns once `picked`'s pod has been gone from discovery for
+    /// `tunnel_removed_grace`.
+    async fn pod_removed(&self, picked: &Picked) {
+        let key = picked.route().key().clone();
+        let id = picked.endpoint().id.clone();
+        let ip = picked.endpoint().ip;
+        loop {
+            tokio::time::sleep(REMOVAL_CHECK).await;
+            let table = self.router.table();
+            let present = table.services.get(&key).is_some_and(|route| {
+                route
+                    .endpoints
+                    .iter()
+                    .any(|e| e.endpoint.id == id && e.endpoint.ip == ip)
+            });
+            if !present {
+                break;
+            }
+        }
+        info!(service = %key, endpoint = %id, grace = ?self.config.tunnel_removed_grace, "pod of an open tunnel left discovery; closing the tunnel after the grace period");
+        tokio::time::sleep(self.config.tunnel_removed_grace).await;
+    }
+
+    fn refuse_upgrade(
+        &self,
+        status: StatusCode,
+        service: &str,
+        detail: &str,
+    ) -> Response<ResponseBody> {
+        self.metrics.unrouted(status);
+        reply_error(status, "upgrade refused", service, detail)
+    }
+
+    fn no_pod_for_tunnel(
+        &self,
+        key: &ServiceKey,
+        error: PickError,
+        last_failure: Option<String>,
+        start: Instant,
+    ) -> Response<ResponseBody> {
+        match last_failure {
+            Some(detail) => self.refuse_upgrade(StatusCode::BAD_GATEWAY, &key.to_string(), &detail),
+            None => self.no_endpoint(key, error, start),
+        }
+    }
+}
+
+/// The request to send the pod: the client's method, path and fields, less hop-by-hop
+/// ones, with `Connection: upgrade` and the protocols asked for.
+fn upstream_head(
+    req: &Request<RequestBody>,
+    protocols: &HeaderValue,
+    client_ip: &HeaderValue,
+) -> Request<()> {
+    let mut headers = req.headers().clone();
+    strip_hop_by_hop(&mut headers);
+    add_forwarded(&mut headers, client_ip);
+    if !headers.contains_key(HOST) {
+        if let Some(authority) = req.uri().authority() {
+            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                headers.insert(HOST, host);
+            }
+        }
+    }
+    headers.remove(CONTENT_LENGTH);
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(UPGRADE, protocols.clone());
+    let uri = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = uri;
+    *head.headers_mut() = headers;
+    head
+}
+
+fn with_empty_body(head: &Request<()>) -> Request<Empty<Bytes>> {
+    let mut req = Request::new(Empty::new());
+    *req.method_mut() = head.method().clone();
+    *req.uri_mut() = head.uri().clone();
+    *req.headers_mut() = head.headers().clone();
+    req
+}
+
+/// The `101` the client gets: the pod's fields less hop-by-hop ones, with the pod's
+/// `Upgrade` and `Connection: upgrade`.
+fn client_answer(pod: &Response<hyper::body::Incoming>) -> Response<ResponseBody> {
+    let mut headers = pod.headers().clone();
+    let upgrade: Vec<HeaderValue> = headers.get_all(UPGRADE).iter().cloned().collect();
+    strip_hop_by_hop(&mut headers);
+    for value in upgrade {
+        headers.append(UPGRADE, value);
+    }
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    let mut answer = Response::new(ResponseBody::full(Bytes::new()));
+    *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    *answer.headers_mut() = headers;
+    answer
+}
+
+/// A pod's answer that declines the upgrade, to pass on (see the module docs).
+async fn declined(response: Response<hyper::body::Incoming>, picked: &Picked) -> Failed {
+    let (mut parts, body) = response.into_parts();
+    match Limited::new(body, MAX_DECLINED_BODY).collect().await {
+        Ok(body) => {
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(CONTENT_LENGTH);
+            parts
+                .headers
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            let body = body.to_bytes();
+            Failed::Declined(Response::from_parts(parts, ResponseBody::full(body)))
+        }
+        Err(error) => Failed::Sent(
+            StatusCode::BAD_GATEWAY,
+            "upstream error",
+            format!(
+                "endpoint {} declined the upgrade with a body that could not be passed on: {error}",
+                picked.endpoint().id
+            ),
+        ),
+    }
+}
+
+fn reply_error(
+    status: StatusCode,
+    error: &str,
+    service: &str,
+    detail: &str,
+) -> Response<ResponseBody> {
+    let mut response = crate::reply::error(status, error, service, detail);
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// Returns once no byte has moved for `idle` (activity: nanoseconds after `started` of
+/// the last read on either side).
+async fn idled_out(started: Instant, activity: &AtomicU64, idle: Duration) {
+    loop {
+        let last = started + Duration::from_nanos(activity.load(Ordering::Relaxed));
+        let until = last + idle;
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep_until(until.into()).await;
+    }
+}
+
+/// One side of a tunnel, marking the time of each read that moved bytes.
+struct Tracked {
+    io: TokioIo<Upgraded>,
+    started: Instant,
+    activity: Arc<AtomicU64>,
+}
+
+impl Tracked {
+    fn new(io: Upgraded, started: Instant, activity: Arc<AtomicU64>) -> Self {
+        Self {
+            io: TokioIo::new(io),
+            started,
+            activity,
+        }
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let at = self.started.elapsed().as_nanos() as u64;
+            self.activity.store(at, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

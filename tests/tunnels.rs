@@ -1,0 +1,370 @@
+//! Upgrades through the proxy (`tunnel.rs`): a real WebSocket client (tokio-tungstenite)
+//! and a real WebSocket server as the pod, and pods that decline or misanswer.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use proxima_core::{Router, Update};
+use proxima_proxy::ProxyConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// A WebSocket pod: echoes every text and binary message, prefixed with its name, and
+/// answers plain requests (the proxy's probes) with `200 ok`.
+async fn websocket_pod(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 1024];
+                let Ok(n) = stream.peek(&mut head).await else {
+                    return;
+                };
+                let head = String::from_utf8_lossy(&head[..n]).to_ascii_lowercase();
+                if !head.contains("upgrade: websocket") {
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    return;
+                }
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, show_forwarded).await
+                else {
+                    return;
+                };
+                while let Some(Ok(message)) = ws.next().await {
+                    let echo = match message {
+                        Message::Text(text) => Message::text(format!("{name}: {text}")),
+                        Message::Binary(data) => Message::Binary(data),
+                        Message::Close(_) => break,
+                        _ => continue,
+                    };
+                    if ws.send(echo).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The pod's handshake callback: tells the client the `x-forwarded-for` the pod saw.
+#[allow(clippy::result_large_err)] // the signature is tungstenite's `Callback`
+fn show_forwarded(req: &Request, mut response: Response) -> Result<Response, ErrorResponse> {
+    let forwarded = req
+        .headers()
+        .get("x-forwarded-for")
+        .cloned()
+        .unwrap_or_else(|| http::HeaderValue::from_static("none"));
+    response
+        .headers_mut()
+        .insert("x-seen-forwarded-for", forwarded);
+    Ok(response)
+}
+
+/// A WebSocket client connected through `proxy` to the service `ws.shop`.
+async fn connect(
+    proxy: &TestProxy,
+) -> Result<
+    (
+        WebSocketStream<TcpStream>,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    tokio_tungstenite::tungstenite::Error,
+> {
+    let mut request = format!("ws://{}/chat", proxy.addr)
+        .into_client_request()
+        .expect("request");
+    request
+        .headers_mut()
+        .insert("x-service", http::HeaderValue::from_static("ws.shop"));
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    within(
+        "handshake",
+        tokio_tungstenite::client_async(request, stream),
+    )
+    .await
+}
+
+async fn proxy_for(config: ProxyConfig, pods: Vec<(&str, SocketAddr)>) -> TestProxy {
+    let endpoints = pods
+        .into_iter()
+        .map(|(id, addr)| endpoint(id, addr))
+        .collect();
+    TestProxy::start_with(config, vec![(service("shop", "ws", &[], &[]), endpoints)]).await
+}
+
+fn in_flight(router: &Router, id: &str) -> u32 {
+    let table = router.table();
+    let route = table.services.values().next().expect("one service");
+    let endpoint = route
+        .endpoints
+        .iter()
+        .find(|e| e.endpoint.id == id)
+        .expect("endpoint");
+    endpoint.state.in_flight()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_tunnelled_to_a_pod_and_counts_as_in_flight_while_open() {
+    let pod = websocket_pod("pod-0").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-0", pod)]).await;
+    let samples = || {
+        let explain = proxy.router.explain(std::time::Instant::now());
+        explain.services[0].endpoints[0].samples
+    };
+    // A new pod's first probe, then the handshake: its time is the pod's next sample.
+    eventually("first probe", Duration::from_secs(5), || samples() == 1).await;
+    let (mut ws, response) = connect(&proxy).await.expect("handshake through the proxy");
+    assert_eq!(samples(), 2);
+    assert_eq!(response.status(), 101);
+    assert_eq!(response.headers()["x-seen-forwarded-for"], "127.0.0.1");
+    for i in 0..3 {
+        ws.send(Message::text(format!("hello {i}")))
+            .await
+            .expect("send");
+        let echo = within("echo", ws.next())
+            .await
+            .expect("message")
+            .expect("ok");
+        assert_eq!(echo, Message::text(format!("pod-0: hello {i}")));
+    }
+    let big = vec![7u8; 1 << 20];
+    ws.send(Message::binary(big.clone()))
+        .await
+        .expect("send 1 MiB");
+    let echo = within("echo", ws.next())
+        .await
+        .expect("message")
+        .expect("ok");
+    assert_eq!(echo.into_data(), big);
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 1.0);
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_total{outcome="opened"}"#),
+        1.0
+    );
+    assert_eq!(
+        in_flight(&proxy.router, "pod-0"),
+        1,
+        "open tunnel is in flight"
+    );
+    ws.close(None).await.expect("close");
+    drop(ws);
+    eventually("tunnel closed", Duration::from_secs(5), || {
+        proxy.metric("proxima_tunnels_open") == 0.0
+    })
+    .await;
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_closed_total{reason="closed"}"#),
+        1.0
+    );
+    assert_eq!(in_flight(&proxy.router, "pod-0"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_are_spread_over_the_pool_and_a_refused_pod_is_skipped() {
+    let (a, b) = (websocket_pod("pod-a").await, websocket_pod("pod-b").await);
+    let dead = dead_addr().await;
+    let proxy = proxy_for(
+        ProxyConfig::default(),
+        vec![("pod-a", a), ("pod-b", b), ("pod-dead", dead)],
+    )
+    .await;
+    let mut open = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..12 {
+        let (mut ws, _) = connect(&proxy).await.expect("handshake");
+        ws.send(Message::text(format!("{i}"))).await.expect("send");
+        let echo = within("echo", ws.next())
+            .await
+            .expect("message")
+            .expect("ok");
+        let text = echo.into_text().expect("text");
+        names.push(text.split(':').next().unwrap_or_default().to_string());
+        open.push(ws);
+    }
+    let to_a = names.iter().filter(|n| *n == "pod-a").count();
+    assert!((3..=9).contains(&to_a), "spread: {names:?}");
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 12.0);
+}
+
+/// Send `request` to `addr` and read the answer's head (up to the blank line).
+async fn head_of(addr: SocketAddr, request: &str) -> String {
+    within("answer", async {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+}
+
+const WEBSOCKET_HANDSHAKE: &str = "GET /chat HTTP/1.1\r\nhost: proxima\r\nx-service: ws.shop\r\n\
+    connection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\n\
+    sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_answers_an_upgrade_without_switching_has_its_answer_passed_on() {
+    // An HTTP pod that ignores `Upgrade` (RFC 9110 §7.8 allows it) and answers 200.
+    let pod = backend("plain").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("plain-0", pod.addr())]).await;
+    let error = connect(&proxy).await.expect_err("no switch");
+    match error {
+        tokio_tungstenite::tungstenite::Error::Http(response) => {
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["x-backend"], "plain");
+        }
+        other => panic!("expected the pod's answer, got {other:?}"),
+    }
+    let head = head_of(proxy.addr, WEBSOCKET_HANDSHAKE).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_total{outcome="declined"}"#),
+        2.0
+    );
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 0.0);
+}
+
+/// A pod that answers every request with `answer`, then holds the connection.
+async fn scripted_pod(answer: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(answer.as_bytes()).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_switches_to_a_protocol_not_asked_for_is_a_bad_gateway() {
+    let pod = scripted_pod(
+        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+    )
+    .await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("odd-0", pod)]).await;
+    let head = head_of(proxy.addr, WEBSOCKET_HANDSHAKE).await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_to_h2c_is_not_passed_on() {
+    let pod = backend("plain").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("plain-0", pod.addr())]).await;
+    let answer = raw_exchange(
+        proxy.addr,
+        b"GET /x HTTP/1.1\r\nhost: proxima\r\nx-service: ws.shop\r\nconnection: upgrade, close\r\n\
+          upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").expect("head") + 4..];
+    let echo: serde_json::Value = serde_json::from_str(body).expect("echo");
+    assert!(echo["headers"].get("upgrade").is_none(), "{echo}");
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_total{outcome="opened"}"#),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tunnel_is_closed_and_a_busy_one_is_not() {
+    let pod = websocket_pod("pod-0").await;
+    let config = ProxyConfig {
+        tunnel_idle_timeout: Duration::from_millis(600),
+        ..ProxyConfig::default()
+    };
+    let proxy = proxy_for(config, vec![("pod-0", pod)]).await;
+    let (mut busy, _) = connect(&proxy).await.expect("handshake");
+    let (mut idle, _) = connect(&proxy).await.expect("handshake");
+    for i in 0..8 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        busy.send(Message::text(format!("{i}")))
+            .await
+            .expect("busy tunnel stays open");
+        within("echo", busy.next())
+            .await
+            .expect("message")
+            .expect("ok");
+    }
+    let end = within("idle tunnel closed", idle.next()).await;
+    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_closed_total{reason="idle"}"#),
+        1.0
+    );
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_to_a_pod_that_left_discovery_closes_after_the_grace_period() {
+    let pod = websocket_pod("pod-0").await;
+    let other = websocket_pod("pod-1").await;
+    let config = ProxyConfig {
+        tunnel_removed_grace: Duration::from_millis(300),
+        ..ProxyConfig::default()
+    };
+    let proxy = proxy_for(config, vec![("pod-0", pod)]).await;
+    let (mut ws, _) = connect(&proxy).await.expect("handshake");
+    // pod-0 is replaced by pod-1 (a rolling update).
+    proxy.router.apply(
+        [Update::Reset {
+            nodes: vec![],
+            services: vec![(
+                service("shop", "ws", &[], &[]),
+                vec![endpoint("pod-1", other)],
+            )],
+        }],
+        std::time::Instant::now(),
+    );
+    ws.send(Message::text("still here")).await.expect("send");
+    let echo = within("echo", ws.next())
+        .await
+        .expect("message")
+        .expect("ok");
+    assert_eq!(
+        echo,
+        Message::text("pod-0: still here"),
+        "open during the grace"
+    );
+    let end = within("closed after the grace", ws.next()).await;
+    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_closed_total{reason="removed"}"#),
+        1.0
+    );
+    let (mut ws, _) = connect(&proxy).await.expect("new tunnels go to pod-1");
+    ws.send(Message::text("hi")).await.expect("send");
+    let echo = within("echo", ws.next())
+        .await
+        .expect("message")
+        .expect("ok");
+    assert_eq!(echo, Message::text("pod-1: hi"));
+}
