@@ -43,6 +43,7 @@ mod metrics;
 mod park;
 mod pool;
 mod prober;
+mod pump;
 mod reply;
 mod request_body;
 mod serve_h1;

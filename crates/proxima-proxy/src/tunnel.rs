@@ -33,11 +33,8 @@
 //! The client's HTTP/2 extended CONNECT (RFC 8441) is not offered: HTTP/2 clients reach
 //! WebSocket pods over HTTP/1.1 only.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -45,10 +42,9 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HOST, UPGRADE};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use proxima_core::{EndpointId, Outcome, PickError, Picked, PortRef, ServiceKey};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn};
 
@@ -56,6 +52,7 @@ use crate::body::ResponseBody;
 use crate::connect::connect_from;
 use crate::headers::{add_forwarded, strip_hop_by_hop};
 use crate::metrics::{ErrorKind, ServiceMetrics, TunnelClose};
+use crate::pump::Pump;
 use crate::request_body::RequestBody;
 use crate::Proxy;
 
@@ -321,12 +318,11 @@ impl Proxy {
         };
         let open = self.metrics.tunnel_opened();
         let started = Instant::now();
-        let activity = Arc::new(AtomicU64::new(0));
-        let mut client = Tracked::new(client, started, activity.clone());
-        let mut pod = Tracked::new(pod, started, activity.clone());
+        let activity = AtomicU64::new(0);
+        let (mut client, mut pod) = (TokioIo::new(client), TokioIo::new(pod));
         let idle = self.config.tunnel_idle_timeout;
         let reason = tokio::select! {
-            copied = tokio::io::copy_bidirectional(&mut client, &mut pod) => match copied {
+            copied = Pump::new(&mut client, &mut pod, started, &activity) => match copied {
                 Ok(_) => TunnelClose::Closed,
                 Err(_) => TunnelClose::Error,
             },
@@ -494,56 +490,5 @@ async fn idled_out(started: Instant, activity: &AtomicU64, idle: Duration) {
             return;
         }
         tokio::time::sleep_until(until.into()).await;
-    }
-}
-
-/// One side of a tunnel, marking the time of each read that moved bytes.
-struct Tracked {
-    io: TokioIo<Upgraded>,
-    started: Instant,
-    activity: Arc<AtomicU64>,
-}
-
-impl Tracked {
-    fn new(io: Upgraded, started: Instant, activity: Arc<AtomicU64>) -> Self {
-        Self {
-            io: TokioIo::new(io),
-            started,
-            activity,
-        }
-    }
-}
-
-impl AsyncRead for Tracked {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            let at = self.started.elapsed().as_nanos() as u64;
-            self.activity.store(at, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Tracked {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# WebSockets through the proxy (issue 28), side by side with nginx and HAProxy, one worker
+# each, all in front of the same WebSocket echo origin (benches/load/ws_load.rs, a real
+# RFC 6455 server):
+#   echo: CONNS WebSockets, each sending a BYTES-byte message and waiting for its echo, for
+#         SECS seconds: messages per second, p50 and p99 of a round trip;
+#   hold: TUNNELS WebSockets opened (one echo each) and kept open doing nothing: the
+#         proxy's RssAnon growth per open tunnel.
+# The origin alone (no proxy) is measured too, as the ceiling. Rounds are interleaved.
+#
+# Usage: benches/load/ws.sh [PROXIMA_BINARY]   (default: target/dist/proxima, built first)
+# Environment (defaults in brackets): CONNS [32] SECS [8] BYTES [64] TUNNELS [2000]
+#   ROUNDS [2] BASE_PORT [18380] RESULTS_DIR [benches/load/results]
+set -euo pipefail
+
+CONNS=${CONNS:-32}
+SECS=${SECS:-8}
+BYTES=${BYTES:-64}
+TUNNELS=${TUNNELS:-2000}
+ROUNDS=${ROUNDS:-2}
+BASE_PORT=${BASE_PORT:-18380}
+ORIGIN_PORT=$BASE_PORT
+PROXIMA_PORT=$((BASE_PORT + 1))
+ADMIN_PORT=$((BASE_PORT + 2))
+NGINX_PORT=$((BASE_PORT + 3))
+HAPROXY_PORT=$((BASE_PORT + 4))
+
+NAME=ws
+# shellcheck source=benches/load/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+for tool in nginx haproxy curl; do
+    command -v "$tool" >/dev/null || die "$tool is missing (benches/load/run.sh installs nginx and haproxy)"
+done
+ulimit -n $((TUNNELS * 5 + 3000)) 2>/dev/null ||
+    die "cannot raise the open-file limit to $((TUNNELS * 5 + 3000)) (hard limit $(ulimit -Hn))"
+
+PROXIMA=${1:-}
+if [[ -z $PROXIMA ]]; then
+    log "building proxima (profile dist: fat LTO, a few minutes)"
+    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
+        { cat "$WORK/build.log" >&2; die "build failed"; }
+    PROXIMA=$ROOT/target/dist/proxima
+fi
+log "building the WebSocket origin and load (cargo build --release --example ws-load)"
+(cd "$ROOT" && cargo build --release --example ws-load) >"$WORK/build-ws.log" 2>&1 ||
+    { cat "$WORK/build-ws.log" >&2; die "build failed"; }
+LOAD=$ROOT/target/release/examples/ws-load
+
+cat >"$WORK/discovery.yaml" <<EOF
+services:
+  - name: ws
+    namespace: default
+    settings: { latency-slo: 100ms }
+    endpoints:
+      - { id: origin, address: 127.0.0.1:$ORIGIN_PORT }
+EOF
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/nginx.pid;
+events { worker_connections $((TUNNELS * 2 + 1024)); }
+http {
+    access_log off;
+    map \$http_upgrade \$connection_upgrade { default upgrade; '' close; }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / {
+            proxy_pass http://127.0.0.1:$ORIGIN_PORT;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection \$connection_upgrade;
+            proxy_read_timeout 300s;
+        }
+    }
+}
+EOF
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn $((TUNNELS * 2 + 1024))
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+    timeout tunnel 300s
+frontend ws
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend origin
+backend origin
+    server origin 127.0.0.1:$ORIGIN_PORT
+EOF
+
+"$LOAD" serve "127.0.0.1:$ORIGIN_PORT" &
+PIDS+=($!)
+
+# start TARGET: runs it, sets PID (the process whose memory is measured) and PORT.
+start() {
+    case $1 in
+        origin) PID=""; PORT=$ORIGIN_PORT; return ;;
+        proxima)
+            cp "$PROXIMA" "$WORK/proxima"
+            TOKIO_WORKER_THREADS=1 "$WORK/proxima" run --listen "127.0.0.1:$PROXIMA_PORT" \
+                --admin "127.0.0.1:$ADMIN_PORT" --discovery "file:$WORK/discovery.yaml" \
+                --log-level warn --max-client-connections $((TUNNELS * 2 + 100)) >"$WORK/proxima.log" 2>&1 &
+            PID=$!; PORT=$PROXIMA_PORT ;;
+        nginx)
+            nginx -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" &
+            PID=$!; PORT=$NGINX_PORT ;;
+        haproxy)
+            haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+            PID=$!; PORT=$HAPROXY_PORT ;;
+    esac
+    PIDS+=("$PID")
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    sleep 0.5
+    # nginx's master forks the worker that holds the connections.
+    if [[ $1 == nginx ]]; then PID=$(pgrep -P "$PID" | head -1); fi
+}
+stop() {
+    [[ $1 == origin ]] && return
+    kill "${PIDS[-1]}" 2>/dev/null || true
+    wait "${PIDS[-1]}" 2>/dev/null || true
+    unset 'PIDS[-1]'
+}
+rss_anon() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status"; }
+
+RESULT=$RESULTS_DIR/${STAMP}-ws.md
+mkdir -p "$RESULTS_DIR"
+{
+    echo "# WebSockets through each proxy, $STAMP"
+    echo
+    echo "One worker each, the same echo origin (\`ws-load serve\`). echo: $CONNS WebSockets, $BYTES-byte binary messages, one at a time each, ${SECS} s; hold: $TUNNELS WebSockets open and idle. Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo
+    echo "| target | round | messages/s | p50 µs | p99 µs | RssAnon before (KiB) | with $TUNNELS open (KiB) | per tunnel (bytes) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+} >"$RESULT"
+for ((round = 1; round <= ROUNDS; round++)); do
+    for target in origin proxima nginx haproxy; do
+        start "$target"
+        log "round $round, $target: echo, $CONNS connections for ${SECS}s"
+        read -r rate p50 p99 < <("$LOAD" echo "127.0.0.1:$PORT" ws.default "$CONNS" "$SECS" "$BYTES")
+        before="" after="" per=""
+        if [[ -n $PID ]]; then
+            sleep 1
+            before=$(rss_anon "$PID")
+            log "round $round, $target: holding $TUNNELS tunnels"
+            coproc HOLD { "$LOAD" hold "127.0.0.1:$PORT" ws.default "$TUNNELS"; }
+            read -r _ held <&"${HOLD[0]}"
+            [[ $held == "$TUNNELS" ]] || die "only $held of $TUNNELS tunnels opened"
+            sleep 2
+            after=$(rss_anon "$PID")
+            per=$(((after - before) * 1024 / TUNNELS))
+            exec {HOLD[1]}>&-
+            wait "$HOLD_PID" 2>/dev/null || true
+        fi
+        printf '| %s | %d | %s | %s | %s | %s | %s | %s |\n' "$target" "$round" "$rate" "$p50" "$p99" \
+            "$before" "$after" "$per" >>"$RESULT"
+        log "round $round, $target: $rate messages/s, p50 ${p50}us, p99 ${p99}us${per:+, $per bytes per open tunnel}"
+        stop "$target"
+    done
+done
+{
+    echo
+    echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Versions: $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | awk '{print "haproxy " $3}')."
+} >>"$RESULT"
+log "results in $RESULT"
+cat "$RESULT"
