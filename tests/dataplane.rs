@@ -1022,6 +1022,45 @@ async fn requests_still_running_after_the_grace_period_are_cut_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_get_the_proxys_own_errors_as_grpc_statuses() {
+    let slow = backend_with(BackendConfig::new("slow").delay(Duration::from_secs(5))).await;
+    let dead = dead_addr().await;
+    let proxy = TestProxy::start(vec![
+        (
+            service("shop", "slow", &[], &[("timeout", "200ms")]),
+            vec![endpoint("slow-0", slow.addr())],
+        ),
+        (
+            service("shop", "gone", &[], &[("retries", "0")]),
+            vec![endpoint("gone-0", dead)],
+        ),
+    ])
+    .await;
+    let client = h2c_client();
+    let call = |service: &'static str, grpc: bool| {
+        let mut req = Request::post(proxy.url("/inventory.Stock/Get"))
+            .header("x-service", service)
+            .header("te", "trailers");
+        if grpc {
+            req = req.header("content-type", "application/grpc");
+        }
+        send(&client, req.body(full(&b"\0\0\0\0\0"[..])).expect("request"))
+    };
+    for (service, code) in [("nowhere.shop", "12"), ("gone.shop", "14"), ("slow.shop", "4")] {
+        let reply = call(service, true).await;
+        assert_eq!(reply.status, StatusCode::OK, "{service}");
+        assert_eq!(reply.headers["content-type"], "application/grpc");
+        assert_eq!(reply.headers["grpc-status"], code, "{service}");
+        assert!(!reply.headers["grpc-message"].is_empty());
+        assert!(reply.body.is_empty(), "trailers-only: {:?}", reply.body);
+    }
+    // Not a gRPC call: the usual JSON.
+    call("nowhere.shop", false)
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "unknown service");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_prior_knowledge_works() {
     let pod = backend("pod").await;
     let proxy = TestProxy::start(vec![(

@@ -304,6 +304,7 @@ impl ConnService {
     pub(crate) fn admit(&self, cache: &mut TargetCache, req: Request<RequestBody>) -> Admitted {
         let proxy = &self.proxy;
         let in_flight = self.activity.begin(req.version() < http::Version::HTTP_2);
+        let grpc = reply::is_grpc(&req);
         let admission = proxy.admission.clone().try_acquire_owned().ok();
         let refused = match admission {
             None => Some(shed(proxy)),
@@ -323,6 +324,7 @@ impl ConnService {
             client_ip: self.client_ip.clone(),
             in_flight,
             admission,
+            grpc,
             work,
         }
     }
@@ -334,6 +336,8 @@ pub(crate) struct Admitted {
     client_ip: HeaderValue,
     in_flight: InFlight,
     admission: Option<OwnedSemaphorePermit>,
+    /// A gRPC call: the proxy's own errors are answered as gRPC statuses.
+    grpc: bool,
     /// The refusal (rare) is boxed so that moving an admitted request stays cheap.
     work: Result<ToForward, Box<http::Response<crate::ResponseBody>>>,
 }
@@ -365,6 +369,9 @@ impl Admitted {
                         .await
                 }
             };
+            if self.grpc {
+                reply::to_grpc(&mut response);
+            }
             // Set in place: the response is a few hundred bytes, and `map` would move it
             // twice.
             let body = response.body_mut();
