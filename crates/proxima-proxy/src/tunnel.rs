@@ -65,7 +65,13 @@ const REMOVAL_CHECK: Duration = Duration::from_secs(1);
 /// The protocols a request asks to upgrade to, `h2c` struck out (see the module docs);
 /// `None` when it asks for none, or for `h2c` alone.
 pub(crate) fn asked<B>(req: &Request<B>) -> Option<HeaderValue> {
-    if req.version() != Version::HTTP_11 || !connection_has_upgrade(req.headers()) {
+    // hyper marks the requests that ask for an upgrade (the proxy's own loop hands
+    // them all to hyper): every other request is through with one look at an empty
+    // extension map, no header lookup.
+    if req.extensions().get::<OnUpgrade>().is_none()
+        || req.version() != Version::HTTP_11
+        || !connection_has_upgrade(req.headers())
+    {
         return None;
     }
     let offered: Vec<&str> = req
