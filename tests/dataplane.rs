@@ -1044,9 +1044,16 @@ async fn grpc_calls_get_the_proxys_own_errors_as_grpc_statuses() {
         if grpc {
             req = req.header("content-type", "application/grpc");
         }
-        send(&client, req.body(full(&b"\0\0\0\0\0"[..])).expect("request"))
+        send(
+            &client,
+            req.body(full(&b"\0\0\0\0\0"[..])).expect("request"),
+        )
     };
-    for (service, code) in [("nowhere.shop", "12"), ("gone.shop", "14"), ("slow.shop", "4")] {
+    for (service, code) in [
+        ("nowhere.shop", "12"),
+        ("gone.shop", "14"),
+        ("slow.shop", "4"),
+    ] {
         let reply = call(service, true).await;
         assert_eq!(reply.status, StatusCode::OK, "{service}");
         assert_eq!(reply.headers["content-type"], "application/grpc");
