@@ -368,3 +368,63 @@ async fn a_tunnel_to_a_pod_that_left_discovery_closes_after_the_grace_period() {
         .expect("ok");
     assert_eq!(echo, Message::text("pod-1: hi"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_open_tunnels_run_until_they_close_or_the_grace_ends() {
+    let pod = websocket_pod("pod-0").await;
+    // Closed by its client: the proxy stops then, long before its grace is over.
+    let config = ProxyConfig {
+        shutdown_grace: Duration::from_secs(30),
+        ..ProxyConfig::default()
+    };
+    let mut proxy = proxy_for(config, vec![("pod-0", pod)]).await;
+    let (mut ws, _) = connect(&proxy).await.expect("handshake");
+    proxy.begin_shutdown();
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ws.send(Message::text(format!("{i}")))
+            .await
+            .expect("open while draining");
+        let echo = within("echo", ws.next())
+            .await
+            .expect("message")
+            .expect("ok");
+        assert_eq!(echo, Message::text(format!("pod-0: {i}")));
+    }
+    let started = std::time::Instant::now();
+    ws.close(None).await.expect("close");
+    drop(ws);
+    within("serve returns", proxy.server_stopped())
+        .await
+        .expect("serve ends cleanly");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Never closed: cut when the grace is over.
+    let pod = websocket_pod("pod-0").await;
+    let config = ProxyConfig {
+        shutdown_grace: Duration::from_secs(1),
+        ..ProxyConfig::default()
+    };
+    let mut proxy = proxy_for(config, vec![("pod-0", pod)]).await;
+    let (mut ws, _) = connect(&proxy).await.expect("handshake");
+    let started = std::time::Instant::now();
+    proxy.begin_shutdown();
+    within("serve returns", proxy.server_stopped())
+        .await
+        .expect("serve ends cleanly");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let end = within("tunnel cut", ws.next()).await;
+    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_closed_total{reason="shutdown"}"#),
+        1.0
+    );
+}

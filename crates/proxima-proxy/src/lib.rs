@@ -99,6 +99,10 @@ pub struct Proxy {
     /// Places for open client connections (`max_client_connections`), shared by every
     /// listener and worker that serves this proxy; see `server.rs`.
     connections: Arc<Semaphore>,
+    /// Tunnels open now (`tunnel.rs`): a shutdown waits for them, up to its grace.
+    tunnels: tokio::sync::watch::Sender<usize>,
+    /// Set when a shutdown's grace is over: the tunnels still open close.
+    cut_tunnels: tokio::sync::watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -134,6 +138,8 @@ impl Proxy {
             probe_shapes: prober::TrafficShapes::default(),
             admission,
             connections,
+            tunnels: tokio::sync::watch::Sender::new(0),
+            cut_tunnels: tokio::sync::watch::Sender::new(false),
         })
     }
 

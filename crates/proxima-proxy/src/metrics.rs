@@ -22,7 +22,7 @@
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
 //! | `proxima_tunnels_open` | | upgraded connections (WebSockets) tunnelled to pods now (`tunnel.rs`) |
 //! | `proxima_tunnels_total` | outcome=`opened`\|`declined`\|`refused` | upgrade requests: tunnels opened, declined by the pod (its answer passed on), refused by the proxy over `--max-client-connections` |
-//! | `proxima_tunnels_closed_total` | reason=`closed`\|`error`\|`idle`\|`removed` | tunnels ended: a side closed, a side failed, nothing moved for `--tunnel-idle-timeout`, the pod left discovery |
+//! | `proxima_tunnels_closed_total` | reason=`closed`\|`error`\|`idle`\|`removed`\|`shutdown` | tunnels ended: a side closed, a side failed, nothing moved for `--tunnel-idle-timeout`, the pod left discovery, still open at the end of a shutdown's grace |
 //!
 //! Together with the routing-table gauges of the admin server (`proxima_endpoint_in_pool`,
 //! `proxima_endpoint_in_flight`, `proxima_endpoint_estimate_seconds`, computed at scrape
@@ -162,7 +162,7 @@ struct TunnelMetrics {
     opened: IntCounter,
     declined: IntCounter,
     refused: IntCounter,
-    closed: [IntCounter; 4],
+    closed: [IntCounter; 5],
 }
 
 /// Why a tunnel ended (`proxima_tunnels_closed_total`).
@@ -176,14 +176,17 @@ pub(crate) enum TunnelClose {
     Idle,
     /// Its pod left discovery and `tunnel_removed_grace` passed.
     Removed,
+    /// Still open when a shutdown's grace period was over.
+    Shutdown,
 }
 
 impl TunnelClose {
-    const ALL: [TunnelClose; 4] = [
+    const ALL: [TunnelClose; 5] = [
         TunnelClose::Closed,
         TunnelClose::Error,
         TunnelClose::Idle,
         TunnelClose::Removed,
+        TunnelClose::Shutdown,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -192,6 +195,7 @@ impl TunnelClose {
             TunnelClose::Error => "error",
             TunnelClose::Idle => "idle",
             TunnelClose::Removed => "removed",
+            TunnelClose::Shutdown => "shutdown",
         }
     }
 }
@@ -212,7 +216,7 @@ impl TunnelMetrics {
         let closed = counter_vec(
             registry,
             "proxima_tunnels_closed_total",
-            "Tunnels ended, by reason (closed, error, idle, removed).",
+            "Tunnels ended, by reason (closed, error, idle, removed, shutdown).",
             &["reason"],
         )?;
         Ok(Self {

@@ -280,6 +280,26 @@ pub(crate) async fn serve_with(
         );
         connections.cut().await;
     }
+    // Open tunnels (WebSockets) run on this worker until their sides close them, up to
+    // the grace period; the rest are cut when the worker stops.
+    let left = grace.saturating_sub(stopping_since.elapsed());
+    if proxy.open_tunnels() > 0 {
+        info!(
+            tunnels = proxy.open_tunnels(),
+            "waiting for open tunnels to close"
+        );
+        if tokio::time::timeout(left, proxy.tunnels_closed())
+            .await
+            .is_err()
+        {
+            warn!(
+                tunnels = proxy.open_tunnels(),
+                "shutdown grace period over; closing the open tunnels"
+            );
+            proxy.cut_tunnels();
+            let _ = tokio::time::timeout(TUNNELS_CUT_WAIT, proxy.tunnels_closed()).await;
+        }
+    }
     info!("proxy stopped");
     Ok(())
 }
@@ -467,6 +487,9 @@ fn admit(
         permit,
     })
 }
+
+/// How long a stopping worker waits for the tunnels it told to close.
+const TUNNELS_CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// The most connections taken from the listen queue when the listener closes.
 const WAITING_AT_CLOSE: usize = 1024;

@@ -10,7 +10,7 @@
 //! * **`101` naming protocols the client asked for**: the client gets the `101`, and once
 //!   both sides have switched, bytes are copied both ways until either side closes, no
 //!   byte moves for `tunnel_idle_timeout`, or the pod has been gone from discovery for
-//!   `tunnel_removed_grace`. While open, the tunnel counts as a request in flight on its
+//!   `tunnel_removed_grace`; at shutdown, until they close or the grace period is over. While open, the tunnel counts as a request in flight on its
 //!   pod (strategies that weigh load see it) and as a client connection against
 //!   `max_client_connections` (the client's own connection ends when it switches): a
 //!   client opening thousands of tunnels meets the same bound as one opening
@@ -322,7 +322,7 @@ impl Proxy {
                 return;
             }
         };
-        let open = self.metrics.tunnel_opened();
+        let open = (self.metrics.tunnel_opened(), OpenCount::new(&self.tunnels));
         let started = Instant::now();
         let activity = AtomicU64::new(0);
         let (mut client, mut pod) = (TokioIo::new(client), TokioIo::new(pod));
@@ -334,6 +334,7 @@ impl Proxy {
             },
             () = idled_out(started, &activity, idle) => TunnelClose::Idle,
             () = self.pod_removed(&picked) => TunnelClose::Removed,
+            () = self.shutdown_over() => TunnelClose::Shutdown,
         };
         info!(
             service = service.label(),
@@ -370,6 +371,27 @@ impl Proxy {
         tokio::time::sleep(self.config.tunnel_removed_grace).await;
     }
 
+    /// Returns once no tunnel is open (a shutdown waits for that, up to its grace).
+    pub(crate) async fn tunnels_closed(&self) {
+        let mut open = self.tunnels.subscribe();
+        let _ = open.wait_for(|&n| n == 0).await;
+    }
+
+    /// Tunnels open now.
+    pub(crate) fn open_tunnels(&self) -> usize {
+        *self.tunnels.borrow()
+    }
+
+    /// Close every open tunnel: a shutdown's grace is over.
+    pub(crate) fn cut_tunnels(&self) {
+        self.cut_tunnels.send_replace(true);
+    }
+
+    async fn shutdown_over(&self) {
+        let mut cut = self.cut_tunnels.subscribe();
+        let _ = cut.wait_for(|&cut| cut).await;
+    }
+
     fn refuse_upgrade(
         &self,
         status: StatusCode,
@@ -391,6 +413,22 @@ impl Proxy {
             Some(detail) => self.refuse_upgrade(StatusCode::BAD_GATEWAY, &key.to_string(), &detail),
             None => self.no_endpoint(key, error, start),
         }
+    }
+}
+
+/// Counts a tunnel in [`Proxy`]'s open tunnels until dropped.
+struct OpenCount(tokio::sync::watch::Sender<usize>);
+
+impl OpenCount {
+    fn new(count: &tokio::sync::watch::Sender<usize>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self(count.clone())
+    }
+}
+
+impl Drop for OpenCount {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
