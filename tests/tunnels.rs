@@ -428,3 +428,46 @@ async fn at_shutdown_open_tunnels_run_until_they_close_or_the_grace_ends() {
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_served_plain_requests_can_then_switch() {
+    // The proxy's own loop serves the plain requests; the upgrade hands the connection
+    // to hyper, which switches it.
+    let pod = websocket_pod("pod-0").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-0", pod)]).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    for _ in 0..2 {
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nhost: proxima\r\nx-service: ws.shop\r\n\r\n")
+            .await
+            .expect("send");
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.ends_with(b"ok") {
+            let n = within("answer", stream.read(&mut buf)).await.expect("read");
+            assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&buf[..n]);
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200"));
+    }
+    let mut request = format!("ws://{}/chat", proxy.addr)
+        .into_client_request()
+        .expect("request");
+    request
+        .headers_mut()
+        .insert("x-service", http::HeaderValue::from_static("ws.shop"));
+    let (mut ws, _) = within(
+        "handshake",
+        tokio_tungstenite::client_async(request, stream),
+    )
+    .await
+    .expect("switched on a used connection");
+    ws.send(Message::text("after two requests"))
+        .await
+        .expect("send");
+    let echo = within("echo", ws.next())
+        .await
+        .expect("message")
+        .expect("ok");
+    assert_eq!(echo, Message::text("pod-0: after two requests"));
+}
