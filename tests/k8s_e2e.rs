@@ -180,6 +180,11 @@ async fn follows_the_api(hosts: Vec<IpAddr>) {
     assert_eq!(pool["strategy"], "qos-pool");
     assert_eq!(pool_endpoint(&pool, "web-1").unwrap()["node"], "n1");
     assert_eq!(pool_endpoint(&pool, "web-1").unwrap()["zone"], "zone-a");
+    // The Service port's appProtocol, read through the API server.
+    let port = &pool_endpoint(&pool, "web-1").unwrap()["ports"][0];
+    assert_eq!(port["app_protocol"], "http", "{port}");
+    assert_eq!(port["protocol_from"], "service-app-protocol", "{port}");
+    assert_eq!(port["protocol"], "http1", "{port}");
 
     // Not opted in: not routed, although its pod is up.
     let reply = http.call(proxy, "plain").await;

@@ -97,6 +97,7 @@ pub fn service(
             .map(|(name, port)| ServicePort {
                 name: name.to_string(),
                 port: *port,
+                app_protocol: None,
             })
             .collect(),
         settings,
@@ -118,6 +119,7 @@ pub fn endpoint_ports(id: &str, ports: &[(&str, u16)]) -> Endpoint {
             .map(|(name, port)| EndpointPort {
                 name: name.to_string(),
                 port: *port,
+                app_protocol: None,
             })
             .collect(),
         node: None,

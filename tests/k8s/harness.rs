@@ -453,7 +453,9 @@ impl Objects {
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels,
                              "annotations": annotations},
-                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": POD_PORT}]},
+                // appProtocol as Kubernetes documents it for cleartext HTTP/1.1.
+                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": POD_PORT,
+                                    "appProtocol": "http"}]},
             }),
         )
         .await;

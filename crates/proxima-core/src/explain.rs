@@ -78,6 +78,8 @@ pub struct EndpointExplain {
     pub id: String,
     /// `ip:port` of its first port.
     pub address: String,
+    /// Its ports, each with the protocol it speaks and where that was read.
+    pub ports: Vec<PortExplain>,
     /// Node the endpoint runs on, if known.
     pub node: Option<String>,
     /// Zone of the endpoint, if known.
@@ -121,6 +123,43 @@ pub struct EndpointExplain {
     pub next_probe_ms: Option<f64>,
     /// Time left before it may be picked again after connection failures, ms (`null`: none).
     pub cooldown_ms: Option<f64>,
+}
+
+/// One port of an endpoint (see [`crate::port_protocol`]).
+#[derive(Debug, Serialize)]
+pub struct PortExplain {
+    /// Its name (empty for an unnamed port).
+    pub name: String,
+    /// Its number on the endpoint's IP.
+    pub port: u16,
+    /// What it speaks: `http1`, `h2c` or `web-socket`.
+    pub protocol: crate::PortProtocol,
+    /// Where that was read: `endpoint-app-protocol`, `service-app-protocol`,
+    /// `port-name` or `default`.
+    pub protocol_from: crate::ProtocolSource,
+    /// The `appProtocol` (or file `protocol`) value it was read from, as written.
+    pub app_protocol: Option<String>,
+}
+
+fn ports_of(service: &[crate::ServicePort], endpoint: &[crate::EndpointPort]) -> Vec<PortExplain> {
+    endpoint
+        .iter()
+        .map(|p| {
+            let service_port = service.iter().find(|s| s.name == p.name);
+            let (protocol, protocol_from) = crate::port_protocol(p, service_port);
+            let app_protocol = p
+                .app_protocol
+                .clone()
+                .or_else(|| service_port.and_then(|s| s.app_protocol.clone()));
+            PortExplain {
+                name: p.name.clone(),
+                port: p.port,
+                protocol,
+                protocol_from,
+                app_protocol,
+            }
+        })
+        .collect()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -317,6 +356,7 @@ fn explain_route(
             EndpointExplain {
                 id: ep.endpoint.id.clone(),
                 address: std::net::SocketAddr::new(ep.endpoint.ip, port).to_string(),
+                ports: ports_of(&route.spec.ports, &ep.endpoint.ports),
                 node: ep.endpoint.node.clone(),
                 zone: ep.endpoint.zone.clone(),
                 ready: c.ready,

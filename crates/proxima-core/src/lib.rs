@@ -34,8 +34,8 @@ pub use endpoint::{Admission, EndpointState, EvictionCause, InFlight, Outcome, P
 pub use environment::{Environment, Usage};
 pub use estimator::{LatencyEstimator, Prediction};
 pub use model::{
-    is_dns_label, Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node, ServiceKey,
-    ServicePort, ServiceSpec, TrafficPolicy, Update,
+    is_dns_label, port_protocol, Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node,
+    PortProtocol, ProtocolSource, ServiceKey, ServicePort, ServiceSpec, TrafficPolicy, Update,
 };
 pub use pool_list::{PoolList, PoolView};
 pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};

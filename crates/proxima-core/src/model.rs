@@ -105,12 +105,14 @@ impl fmt::Display for ServiceKey {
 }
 
 /// One port of a Service. Endpoint ports are matched to it by `name`, as EndpointSlices do.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ServicePort {
     /// Port name; empty for the single unnamed port of a Service.
     pub name: String,
     /// The Service's own port number (what `name:80` refers to).
     pub port: u16,
+    /// `appProtocol` (Kubernetes) or `protocol` (topology file), as written.
+    pub app_protocol: Option<String>,
 }
 
 /// What kube-proxy's topology rules need to know about a Service (used by the
@@ -171,12 +173,89 @@ impl Default for Conditions {
 }
 
 /// A named port of an endpoint; `name` matches a [`ServicePort::name`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct EndpointPort {
     /// Port name; empty for an unnamed port.
     pub name: String,
     /// Port number on the endpoint's IP.
     pub port: u16,
+    /// The EndpointSlice port's `appProtocol` (or the topology file's `protocol`).
+    pub app_protocol: Option<String>,
+}
+
+/// What a pod port speaks (issue 28). Only HTTP/1.1 is sent to pods so far; the
+/// protocol is read and shown (`/debug/pools`) so that HTTP/2 to pods can follow it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PortProtocol {
+    /// HTTP/1.1 (the default).
+    #[default]
+    Http1,
+    /// HTTP/2 with prior knowledge (cleartext): h2c and gRPC.
+    H2c,
+    /// HTTP/1.1 that is upgraded to WebSockets.
+    WebSocket,
+}
+
+/// Where a port's [`PortProtocol`] was read, in order of precedence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProtocolSource {
+    /// The endpoint port's `appProtocol`.
+    EndpointAppProtocol,
+    /// The Service port's `appProtocol`.
+    ServiceAppProtocol,
+    /// The port's name, by Istio's convention (`grpc`, `h2c`, `http2`, `ws`, alone or
+    /// followed by `-suffix`).
+    PortName,
+    /// Nothing said otherwise: HTTP/1.1.
+    Default,
+}
+
+/// The protocol of an endpoint port (see [`PortProtocol`]): the endpoint port's
+/// `appProtocol`, else its Service port's, else the port's name, else HTTP/1.1. An
+/// `appProtocol` that names no HTTP protocol the proxy knows (`https`, `tcp`, ...) is
+/// HTTP/1.1, read from where it was written.
+pub fn port_protocol(
+    endpoint: &EndpointPort,
+    service: Option<&ServicePort>,
+) -> (PortProtocol, ProtocolSource) {
+    if let Some(value) = &endpoint.app_protocol {
+        return (
+            from_app_protocol(value),
+            ProtocolSource::EndpointAppProtocol,
+        );
+    }
+    if let Some(value) = service.and_then(|s| s.app_protocol.as_ref()) {
+        return (from_app_protocol(value), ProtocolSource::ServiceAppProtocol);
+    }
+    match from_port_name(&endpoint.name) {
+        Some(protocol) => (protocol, ProtocolSource::PortName),
+        None => (PortProtocol::Http1, ProtocolSource::Default),
+    }
+}
+
+/// `appProtocol` values: Kubernetes' own (`kubernetes.io/h2c`, `kubernetes.io/ws`) and
+/// those commonly written (`grpc`, `http2`, `h2c`, `ws`, `websocket`).
+fn from_app_protocol(value: &str) -> PortProtocol {
+    let value = value.trim().to_ascii_lowercase();
+    match value.strip_prefix("kubernetes.io/").unwrap_or(&value) {
+        "h2c" | "grpc" | "http2" | "grpc-web" => PortProtocol::H2c,
+        "ws" | "websocket" => PortProtocol::WebSocket,
+        _ => PortProtocol::Http1,
+    }
+}
+
+/// Istio's port-name convention: `<protocol>` or `<protocol>-<suffix>`.
+fn from_port_name(name: &str) -> Option<PortProtocol> {
+    let name = name.to_ascii_lowercase();
+    let protocol = name.split_once('-').map_or(name.as_str(), |(p, _)| p);
+    match protocol {
+        "grpc" | "h2c" | "http2" => Some(PortProtocol::H2c),
+        "ws" => Some(PortProtocol::WebSocket),
+        "http" => Some(PortProtocol::Http1),
+        _ => None,
+    }
 }
 
 /// EndpointSlice topology hints.
@@ -222,6 +301,7 @@ impl Endpoint {
             ports: vec![EndpointPort {
                 name: String::new(),
                 port: addr.port(),
+                app_protocol: None,
             }],
             node: None,
             zone: None,
@@ -323,7 +403,76 @@ pub enum Update {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_dns_label, same_bytes, ServiceKey};
+    use super::{
+        is_dns_label, port_protocol, same_bytes, EndpointPort, PortProtocol, ProtocolSource,
+        ServiceKey, ServicePort,
+    };
+
+    fn endpoint_port(name: &str, app_protocol: Option<&str>) -> EndpointPort {
+        EndpointPort {
+            name: name.into(),
+            port: 8080,
+            app_protocol: app_protocol.map(str::to_string),
+        }
+    }
+
+    fn service_port(name: &str, app_protocol: Option<&str>) -> ServicePort {
+        ServicePort {
+            name: name.into(),
+            port: 80,
+            app_protocol: app_protocol.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_ports_protocol_comes_from_app_protocol_then_its_name() {
+        use PortProtocol::*;
+        use ProtocolSource::*;
+        let cases = [
+            // The endpoint port's appProtocol wins over the Service port's and the name.
+            (
+                endpoint_port("ws", Some("kubernetes.io/h2c")),
+                Some(service_port("ws", Some("kubernetes.io/ws"))),
+                (H2c, EndpointAppProtocol),
+            ),
+            (
+                endpoint_port("http", None),
+                Some(service_port("http", Some("grpc"))),
+                (H2c, ServiceAppProtocol),
+            ),
+            (
+                endpoint_port("web", None),
+                Some(service_port("web", Some("kubernetes.io/ws"))),
+                (WebSocket, ServiceAppProtocol),
+            ),
+            (
+                endpoint_port("grpc", None),
+                Some(service_port("grpc", Some("https"))),
+                (Http1, ServiceAppProtocol),
+            ),
+            (
+                endpoint_port("x", Some("HTTP2")),
+                None,
+                (H2c, EndpointAppProtocol),
+            ),
+            // Istio's names: the protocol alone or followed by a suffix.
+            (endpoint_port("grpc", None), None, (H2c, PortName)),
+            (endpoint_port("grpc-api", None), None, (H2c, PortName)),
+            (endpoint_port("h2c", None), None, (H2c, PortName)),
+            (endpoint_port("http2-internal", None), None, (H2c, PortName)),
+            (endpoint_port("ws-live", None), None, (WebSocket, PortName)),
+            (endpoint_port("http", None), None, (Http1, PortName)),
+            (endpoint_port("grpcweb", None), None, (Http1, Default)),
+            (endpoint_port("", None), None, (Http1, Default)),
+        ];
+        for (endpoint, service, expected) in cases {
+            assert_eq!(
+                port_protocol(&endpoint, service.as_ref()),
+                expected,
+                "{endpoint:?} {service:?}"
+            );
+        }
+    }
 
     /// `same_bytes` is slice equality: for every length up to past its word-sized
     /// cases, equal copies and a difference at each position in turn; and different

@@ -635,10 +635,12 @@ fn ports_resolve_by_name_and_number() {
         ServicePort {
             name: "http".into(),
             port: 80,
+            app_protocol: None,
         },
         ServicePort {
             name: "admin".into(),
             port: 9000,
+            app_protocol: None,
         },
     ];
     let mut ep = Endpoint::new("pod-0", addr(0));
@@ -646,10 +648,12 @@ fn ports_resolve_by_name_and_number() {
         proxima_core::EndpointPort {
             name: "http".into(),
             port: 8080,
+            app_protocol: None,
         },
         proxima_core::EndpointPort {
             name: "admin".into(),
             port: 8081,
+            app_protocol: None,
         },
     ];
     router.apply(

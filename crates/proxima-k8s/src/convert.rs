@@ -117,7 +117,11 @@ pub(crate) fn service_info(
         if let Some(IntOrString::String(target)) = &p.target_port {
             target_port_names.push((name.clone(), target.clone()));
         }
-        ports.push(ServicePort { name, port: number });
+        ports.push(ServicePort {
+            name,
+            port: number,
+            app_protocol: p.app_protocol.clone(),
+        });
     }
     let traffic = TrafficPolicy {
         traffic_distribution: spec.traffic_distribution.clone(),
@@ -173,6 +177,7 @@ pub(crate) fn slice_info(slice: &discovery::EndpointSlice) -> Option<(SliceKey, 
             Some(EndpointPort {
                 name: p.name.clone().unwrap_or_default(),
                 port: u16::try_from(p.port?).ok()?,
+                app_protocol: p.app_protocol.clone(),
             })
         })
         .collect();
@@ -268,6 +273,7 @@ pub(crate) fn service_endpoints<'a>(
                 endpoint.ports.push(EndpointPort {
                     name: service_port.clone(),
                     port,
+                    app_protocol: None,
                 });
             }
         }

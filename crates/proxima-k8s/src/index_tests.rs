@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use kube::runtime::watcher::Event;
-use proxima_core::{PortRef, Router, ServiceKey, Update};
+use proxima_core::{PortProtocol, PortRef, ProtocolSource, Router, ServiceKey, Update};
 use serde_json::{json, Value};
 
 use super::*;
@@ -484,6 +484,51 @@ fn multi_port_services_map_ports_by_name_and_named_target_ports() {
     );
     let p2 = &route.endpoints[1].endpoint;
     assert_eq!((p2.port("http"), p2.port("metrics")), (Some(8081), None));
+}
+
+#[test]
+fn app_protocols_of_service_and_slice_ports_are_kept() {
+    let mut h = Harness::synced();
+    let svc = service(
+        "default",
+        "api",
+        &[ENABLED],
+        json!([
+            {"name": "rpc", "port": 50051, "appProtocol": "kubernetes.io/h2c"},
+            {"name": "live", "port": 80},
+        ]),
+    );
+    h.apply(Watched::Service(Event::Apply(svc)));
+    h.apply(Watched::EndpointSlice(Event::Apply(slice(
+        "default",
+        "s1",
+        "api",
+        json!([{"name": "rpc", "port": 50051}, {"name": "live", "port": 8080, "appProtocol": "kubernetes.io/ws"}]),
+        json!([pod("p1", "10.0.0.1", "n1")]),
+    ))));
+    let table = h.router.table();
+    let route = &table.services[&key("api")];
+    assert_eq!(
+        route.spec.ports[0].app_protocol.as_deref(),
+        Some("kubernetes.io/h2c")
+    );
+    let explain = h.router.explain(Instant::now());
+    let ports = &explain.services[0].endpoints[0].ports;
+    let seen: Vec<_> = ports
+        .iter()
+        .map(|p| (p.name.as_str(), p.protocol, p.protocol_from))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("rpc", PortProtocol::H2c, ProtocolSource::ServiceAppProtocol),
+            (
+                "live",
+                PortProtocol::WebSocket,
+                ProtocolSource::EndpointAppProtocol
+            ),
+        ]
+    );
 }
 
 #[test]

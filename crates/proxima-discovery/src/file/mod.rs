@@ -476,6 +476,24 @@ services:
     }
 
     #[test]
+    fn a_ports_protocol_is_read() {
+        let topology = parse(
+            "services:\n  - name: api\n    ports: [{ name: rpc, port: 50051, protocol: grpc }]\n    endpoints:\n      - address: 127.0.0.1\n        ports: [{ name: rpc, port: 9000, protocol: kubernetes.io/h2c }]\n",
+        )
+        .expect("valid");
+        let (spec, endpoints) = &topology.services[0];
+        assert_eq!(spec.ports[0].app_protocol.as_deref(), Some("grpc"));
+        assert_eq!(
+            endpoints[0].ports[0].app_protocol.as_deref(),
+            Some("kubernetes.io/h2c")
+        );
+        let error =
+            parse("services:\n  - name: api\n    ports: [{ name: rpc, port: 1, proto: grpc }]\n")
+                .expect_err("unknown key");
+        assert!(error.to_string().contains("proto"), "{error}");
+    }
+
+    #[test]
     fn every_problem_is_reported_in_file_order() {
         let text = "\
 services:

@@ -67,6 +67,9 @@ struct PortDoc {
     #[serde(default)]
     name: String,
     port: u16,
+    /// What the port speaks, as Kubernetes' `appProtocol` says it (`kubernetes.io/h2c`,
+    /// `grpc`, `ws`, ...); without it the name decides (see `proxima_core::port_protocol`).
+    protocol: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -199,7 +202,10 @@ fn check_text(problems: &mut Problems, path: YamlPath, what: &str, value: &str) 
     }
 }
 
-fn ports(problems: &mut Problems, path: YamlPath, docs: &[PortDoc]) -> Vec<(String, u16)> {
+/// A port as read: name, number, protocol.
+type PortRead = (String, u16, Option<String>);
+
+fn ports(problems: &mut Problems, path: YamlPath, docs: &[PortDoc]) -> Vec<PortRead> {
     let mut seen = BTreeSet::new();
     for (i, p) in docs.iter().enumerate() {
         if p.port == 0 {
@@ -217,7 +223,9 @@ fn ports(problems: &mut Problems, path: YamlPath, docs: &[PortDoc]) -> Vec<(Stri
             problems.add(path.index(i).key("name"), what);
         }
     }
-    docs.iter().map(|p| (p.name.clone(), p.port)).collect()
+    docs.iter()
+        .map(|p| (p.name.clone(), p.port, p.protocol.clone()))
+        .collect()
 }
 
 impl Document {
@@ -287,7 +295,11 @@ impl Document {
                 key,
                 ports: service_ports
                     .into_iter()
-                    .map(|(name, port)| ServicePort { name, port })
+                    .map(|(name, port, app_protocol)| ServicePort {
+                        name,
+                        port,
+                        app_protocol,
+                    })
                     .collect(),
                 settings,
                 traffic,
@@ -378,7 +390,7 @@ fn endpoint(
         if addr.port() == 0 {
             problems.add(path.key("address"), "invalid port 0: expected 1 to 65535");
         }
-        (addr.ip(), vec![(String::new(), addr.port())])
+        (addr.ip(), vec![(String::new(), addr.port(), None)])
     } else if let Ok(ip) = doc.address.parse::<IpAddr>() {
         if doc.ports.is_empty() {
             problems.add(
@@ -435,7 +447,11 @@ fn endpoint(
         ip,
         ports: ports
             .into_iter()
-            .map(|(name, port)| EndpointPort { name, port })
+            .map(|(name, port, app_protocol)| EndpointPort {
+                name,
+                port,
+                app_protocol,
+            })
             .collect(),
         node: doc.node,
         zone,
