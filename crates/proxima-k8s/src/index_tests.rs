@@ -434,20 +434,23 @@ fn terminating_endpoints_serve_only_when_none_is_ready() {
     assert!(route.only_terminating());
 }
 
+/// The opted-in Service `api` in `default` with `ports`.
+fn opted_in_api(h: &mut Harness, ports: Value) {
+    let svc = service("default", "api", &[ENABLED], ports);
+    h.apply(Watched::Service(Event::Apply(svc)));
+}
+
 #[test]
 fn multi_port_services_map_ports_by_name_and_named_target_ports() {
     let mut h = Harness::synced();
-    let svc = service(
-        "default",
-        "api",
-        &[ENABLED],
+    opted_in_api(
+        &mut h,
         json!([
             {"name": "http", "port": 80, "targetPort": "web"},
             {"name": "metrics", "port": 9090, "targetPort": 9100},
             {"name": "dns", "port": 53, "protocol": "UDP"},
         ]),
     );
-    h.apply(Watched::Service(Event::Apply(svc)));
     // As the EndpointSlice controller writes it: ports named after the Service ports.
     h.apply(Watched::EndpointSlice(Event::Apply(slice(
         "default",
@@ -489,16 +492,13 @@ fn multi_port_services_map_ports_by_name_and_named_target_ports() {
 #[test]
 fn app_protocols_of_service_and_slice_ports_are_kept() {
     let mut h = Harness::synced();
-    let svc = service(
-        "default",
-        "api",
-        &[ENABLED],
+    opted_in_api(
+        &mut h,
         json!([
             {"name": "rpc", "port": 50051, "appProtocol": "kubernetes.io/h2c"},
             {"name": "live", "port": 80},
         ]),
     );
-    h.apply(Watched::Service(Event::Apply(svc)));
     h.apply(Watched::EndpointSlice(Event::Apply(slice(
         "default",
         "s1",
