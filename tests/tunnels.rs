@@ -73,28 +73,49 @@ fn show_forwarded(req: &Request, mut response: Response) -> Result<Response, Err
     Ok(response)
 }
 
-/// A WebSocket client connected through `proxy` to the service `ws.shop`.
-async fn connect(
-    proxy: &TestProxy,
-) -> Result<
+type Client = WebSocketStream<TcpStream>;
+type Handshake = Result<
     (
-        WebSocketStream<TcpStream>,
+        Client,
         tokio_tungstenite::tungstenite::handshake::client::Response,
     ),
     tokio_tungstenite::tungstenite::Error,
-> {
+>;
+
+/// A WebSocket client connected through `proxy` to the service `ws.shop`.
+async fn connect(proxy: &TestProxy) -> Handshake {
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    handshake(proxy, stream).await
+}
+
+/// The WebSocket handshake for `ws.shop` on `stream`, a connection to `proxy`.
+async fn handshake(proxy: &TestProxy, stream: TcpStream) -> Handshake {
     let mut request = format!("ws://{}/chat", proxy.addr)
         .into_client_request()
         .expect("request");
     request
         .headers_mut()
         .insert("x-service", http::HeaderValue::from_static("ws.shop"));
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
     within(
         "handshake",
         tokio_tungstenite::client_async(request, stream),
     )
     .await
+}
+
+/// Send `message` and return the pod's answer.
+async fn round_trip(ws: &mut Client, message: Message) -> Message {
+    ws.send(message).await.expect("send");
+    within("echo", ws.next())
+        .await
+        .expect("message")
+        .expect("ok")
+}
+
+/// Wait until the proxy ends the tunnel (`what` names the reason for the wait).
+async fn closed_by_the_proxy(ws: &mut Client, what: &str) {
+    let end = within(what, ws.next()).await;
+    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
 }
 
 async fn proxy_for(config: ProxyConfig, pods: Vec<(&str, SocketAddr)>) -> TestProxy {
@@ -131,23 +152,11 @@ async fn a_websocket_is_tunnelled_to_a_pod_and_counts_as_in_flight_while_open() 
     assert_eq!(response.status(), 101);
     assert_eq!(response.headers()["x-seen-forwarded-for"], "127.0.0.1");
     for i in 0..3 {
-        ws.send(Message::text(format!("hello {i}")))
-            .await
-            .expect("send");
-        let echo = within("echo", ws.next())
-            .await
-            .expect("message")
-            .expect("ok");
+        let echo = round_trip(&mut ws, Message::text(format!("hello {i}"))).await;
         assert_eq!(echo, Message::text(format!("pod-0: hello {i}")));
     }
     let big = vec![7u8; 1 << 20];
-    ws.send(Message::binary(big.clone()))
-        .await
-        .expect("send 1 MiB");
-    let echo = within("echo", ws.next())
-        .await
-        .expect("message")
-        .expect("ok");
+    let echo = round_trip(&mut ws, Message::binary(big.clone())).await;
     assert_eq!(echo.into_data(), big);
     assert_eq!(proxy.metric("proxima_tunnels_open"), 1.0);
     assert_eq!(
@@ -185,11 +194,7 @@ async fn tunnels_are_spread_over_the_pool_and_a_refused_pod_is_skipped() {
     let mut names = Vec::new();
     for i in 0..12 {
         let (mut ws, _) = connect(&proxy).await.expect("handshake");
-        ws.send(Message::text(format!("{i}"))).await.expect("send");
-        let echo = within("echo", ws.next())
-            .await
-            .expect("message")
-            .expect("ok");
+        let echo = round_trip(&mut ws, Message::text(format!("{i}"))).await;
         let text = echo.into_text().expect("text");
         names.push(text.split(':').next().unwrap_or_default().to_string());
         open.push(ws);
@@ -306,16 +311,9 @@ async fn an_idle_tunnel_is_closed_and_a_busy_one_is_not() {
     let (mut idle, _) = connect(&proxy).await.expect("handshake");
     for i in 0..8 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        busy.send(Message::text(format!("{i}")))
-            .await
-            .expect("busy tunnel stays open");
-        within("echo", busy.next())
-            .await
-            .expect("message")
-            .expect("ok");
+        round_trip(&mut busy, Message::text(format!("{i}"))).await;
     }
-    let end = within("idle tunnel closed", idle.next()).await;
-    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    closed_by_the_proxy(&mut idle, "idle tunnel closed").await;
     assert_eq!(
         proxy.metric(r#"proxima_tunnels_closed_total{reason="idle"}"#),
         1.0
@@ -344,28 +342,19 @@ async fn a_tunnel_to_a_pod_that_left_discovery_closes_after_the_grace_period() {
         }],
         std::time::Instant::now(),
     );
-    ws.send(Message::text("still here")).await.expect("send");
-    let echo = within("echo", ws.next())
-        .await
-        .expect("message")
-        .expect("ok");
+    let echo = round_trip(&mut ws, Message::text("still here")).await;
     assert_eq!(
         echo,
         Message::text("pod-0: still here"),
         "open during the grace"
     );
-    let end = within("closed after the grace", ws.next()).await;
-    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    closed_by_the_proxy(&mut ws, "closed after the grace").await;
     assert_eq!(
         proxy.metric(r#"proxima_tunnels_closed_total{reason="removed"}"#),
         1.0
     );
     let (mut ws, _) = connect(&proxy).await.expect("new tunnels go to pod-1");
-    ws.send(Message::text("hi")).await.expect("send");
-    let echo = within("echo", ws.next())
-        .await
-        .expect("message")
-        .expect("ok");
+    let echo = round_trip(&mut ws, Message::text("hi")).await;
     assert_eq!(echo, Message::text("pod-1: hi"));
 }
 
@@ -382,13 +371,7 @@ async fn at_shutdown_open_tunnels_run_until_they_close_or_the_grace_ends() {
     proxy.begin_shutdown();
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        ws.send(Message::text(format!("{i}")))
-            .await
-            .expect("open while draining");
-        let echo = within("echo", ws.next())
-            .await
-            .expect("message")
-            .expect("ok");
+        let echo = round_trip(&mut ws, Message::text(format!("{i}"))).await;
         assert_eq!(echo, Message::text(format!("pod-0: {i}")));
     }
     let started = std::time::Instant::now();
@@ -421,8 +404,7 @@ async fn at_shutdown_open_tunnels_run_until_they_close_or_the_grace_ends() {
         "{:?}",
         started.elapsed()
     );
-    let end = within("tunnel cut", ws.next()).await;
-    assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
+    closed_by_the_proxy(&mut ws, "tunnel cut").await;
     assert_eq!(
         proxy.metric(r#"proxima_tunnels_closed_total{reason="shutdown"}"#),
         1.0
@@ -450,24 +432,9 @@ async fn a_connection_that_served_plain_requests_can_then_switch() {
         }
         assert!(answer.starts_with(b"HTTP/1.1 200"));
     }
-    let mut request = format!("ws://{}/chat", proxy.addr)
-        .into_client_request()
-        .expect("request");
-    request
-        .headers_mut()
-        .insert("x-service", http::HeaderValue::from_static("ws.shop"));
-    let (mut ws, _) = within(
-        "handshake",
-        tokio_tungstenite::client_async(request, stream),
-    )
-    .await
-    .expect("switched on a used connection");
-    ws.send(Message::text("after two requests"))
+    let (mut ws, _) = handshake(&proxy, stream)
         .await
-        .expect("send");
-    let echo = within("echo", ws.next())
-        .await
-        .expect("message")
-        .expect("ok");
+        .expect("switched on a used connection");
+    let echo = round_trip(&mut ws, Message::text("after two requests")).await;
     assert_eq!(echo, Message::text("pod-0: after two requests"));
 }
