@@ -229,15 +229,6 @@ impl TunnelMetrics {
     }
 }
 
-/// Counts a tunnel in `proxima_tunnels_open` until dropped.
-pub(crate) struct OpenTunnel(IntGauge);
-
-impl Drop for OpenTunnel {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// Why the connection pool closed an idle connection
 /// (`proxima_upstream_idle_closed_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -588,11 +579,10 @@ impl Metrics {
         })
     }
 
-    /// Count a tunnel opened; it counts as open until the guard is dropped.
-    pub(crate) fn tunnel_opened(&self) -> OpenTunnel {
+    /// Count a tunnel opened; the gauge of open ones is the caller's to keep.
+    pub(crate) fn tunnel_opened(&self) -> IntGauge {
         self.tunnels.opened.inc();
-        self.tunnels.open.inc();
-        OpenTunnel(self.tunnels.open.clone())
+        self.tunnels.open.clone()
     }
 
     /// Count an upgrade the pod declined.

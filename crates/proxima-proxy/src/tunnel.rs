@@ -322,7 +322,7 @@ impl Proxy {
                 return;
             }
         };
-        let open = (self.metrics.tunnel_opened(), OpenCount::new(&self.tunnels));
+        let open = OpenTunnel::new(&self.tunnels, self.metrics.tunnel_opened());
         let started = Instant::now();
         let activity = AtomicU64::new(0);
         let (mut client, mut pod) = (TokioIo::new(client), TokioIo::new(pod));
@@ -416,19 +416,28 @@ impl Proxy {
     }
 }
 
-/// Counts a tunnel in [`Proxy`]'s open tunnels until dropped.
-struct OpenCount(tokio::sync::watch::Sender<usize>);
+/// Counts a tunnel as open until dropped: in [`Proxy`]'s count (what a shutdown waits
+/// on) and in `proxima_tunnels_open`.
+struct OpenTunnel {
+    count: tokio::sync::watch::Sender<usize>,
+    gauge: prometheus::IntGauge,
+}
 
-impl OpenCount {
-    fn new(count: &tokio::sync::watch::Sender<usize>) -> Self {
+impl OpenTunnel {
+    fn new(count: &tokio::sync::watch::Sender<usize>, gauge: prometheus::IntGauge) -> Self {
         count.send_modify(|n| *n += 1);
-        Self(count.clone())
+        gauge.inc();
+        Self {
+            count: count.clone(),
+            gauge,
+        }
     }
 }
 
-impl Drop for OpenCount {
+impl Drop for OpenTunnel {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.count.send_modify(|n| *n = n.saturating_sub(1));
+        self.gauge.dec();
     }
 }
 
