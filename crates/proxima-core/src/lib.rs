@@ -39,7 +39,7 @@ pub use model::{
 };
 pub use pool_list::{PoolList, PoolView};
 pub use retry_budget::{RetryBudget, RetryBudgetParams, RetryBudgetUse};
-pub use route::{Expected, NodeGroup, NodeReadings, Route, RouteEndpoint};
+pub use route::{Expected, NodeGroup, NodeReadings, PortTarget, Route, RouteEndpoint};
 pub use router::{
     release_cached_table, ApplyReport, PickError, Picked, PortRef, ProbeTicket, Router,
     ServiceRoute, Table,

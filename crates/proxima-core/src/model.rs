@@ -183,8 +183,8 @@ pub struct EndpointPort {
     pub app_protocol: Option<String>,
 }
 
-/// What a pod port speaks (issue 28). Only HTTP/1.1 is sent to pods so far; the
-/// protocol is read and shown (`/debug/pools`) so that HTTP/2 to pods can follow it.
+/// What a pod port speaks (issue 28): the data plane sends HTTP/2 with prior knowledge
+/// to `H2c` ports and HTTP/1.1 to the others; `/debug/pools` shows it and its source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PortProtocol {
@@ -328,6 +328,12 @@ impl Endpoint {
     /// service port (a pod that does not declare a Service's named targetPort is listed
     /// with its other ports only).
     pub fn port(&self, port_name: &str) -> Option<u16> {
+        self.port_entry(port_name).map(|p| p.port)
+    }
+
+    /// The port carrying `port_name`, as [`Endpoint::port`] finds it, with its name and
+    /// `appProtocol`.
+    pub fn port_entry(&self, port_name: &str) -> Option<&EndpointPort> {
         self.ports
             .iter()
             .find(|p| p.name == port_name)
@@ -335,7 +341,6 @@ impl Endpoint {
                 [only] if only.name.is_empty() => Some(only),
                 _ => None,
             })
-            .map(|p| p.port)
     }
 }
 

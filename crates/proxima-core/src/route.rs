@@ -40,7 +40,7 @@ use arc_swap::{ArcSwapOption, Guard};
 
 use crate::endpoint::EndpointState;
 use crate::environment::{Environment, Usage};
-use crate::model::{Endpoint, ServiceKey, ServiceSpec};
+use crate::model::{port_protocol, Endpoint, PortProtocol, ServiceKey, ServicePort, ServiceSpec};
 use crate::pool_list::{PoolList, PoolView};
 use crate::settings::ServiceSettings;
 
@@ -100,6 +100,29 @@ pub struct NodeGroup {
 /// `None` for the unnamed port of a service declared without ports.
 pub type PortSlot = Option<usize>;
 
+/// Where a request for one service port goes on one endpoint: the socket address and
+/// what the endpoint's port speaks there ([`port_protocol`]), resolved once per route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortTarget {
+    /// The endpoint's IP and its port for the service port.
+    pub addr: SocketAddr,
+    /// What that port speaks.
+    pub protocol: PortProtocol,
+}
+
+impl PortTarget {
+    /// The endpoint's port for `service_port` (`None`: the unnamed port of a service
+    /// declared without ports), if it has one.
+    pub fn of(endpoint: &Endpoint, service_port: Option<&ServicePort>) -> Option<Self> {
+        let name = service_port.map_or("", |p| p.name.as_str());
+        let port = endpoint.port_entry(name)?;
+        Some(Self {
+            addr: SocketAddr::new(endpoint.ip, port.port),
+            protocol: port_protocol(port, service_port).0,
+        })
+    }
+}
+
 /// Marks an endpoint that is in no node group (not eligible).
 const NO_GROUP: u32 = u32::MAX;
 
@@ -121,7 +144,7 @@ pub struct Route {
     group_of: Vec<u32>,
     /// Each endpoint's socket address per [`PortSlot`]: one list for the unnamed port,
     /// then one per service port (resolved once here rather than on every pick).
-    addrs: Vec<Vec<Option<SocketAddr>>>,
+    addrs: Vec<Vec<Option<PortTarget>>>,
     /// Shared by every route built for this service (see [`Route::none_cooling`]).
     cooldowns: Arc<CooldownHorizon>,
     /// The router's epoch: the origin of the horizon's nanoseconds.
@@ -148,16 +171,11 @@ impl Route {
             }
         }
         let cooldowns = previous.map_or_else(Arc::default, |p| p.cooldowns.clone());
-        let names = [""]
-            .into_iter()
-            .chain(spec.ports.iter().map(|p| p.name.as_str()));
-        let addrs = names
-            .map(|name| {
-                let addr = |e: &RouteEndpoint| {
-                    let port = e.endpoint.port(name)?;
-                    Some(SocketAddr::new(e.endpoint.ip, port))
-                };
-                endpoints.iter().map(addr).collect()
+        let slots = [None].into_iter().chain(spec.ports.iter().map(Some));
+        let addrs = slots
+            .map(|service_port| {
+                let target = |e: &RouteEndpoint| PortTarget::of(&e.endpoint, service_port);
+                endpoints.iter().map(target).collect()
             })
             .collect();
         let states = endpoints.iter().map(|e| e.state.clone()).collect();
@@ -251,7 +269,7 @@ impl Route {
 
     /// Endpoint `index`'s address for the port in `slot`, if it has that port (see
     /// [`Endpoint::port`]).
-    pub fn addr(&self, slot: PortSlot, index: usize) -> Option<SocketAddr> {
+    pub fn addr(&self, slot: PortSlot, index: usize) -> Option<PortTarget> {
         *self.addrs.get(slot.map_or(0, |i| i + 1))?.get(index)?
     }
 

@@ -34,9 +34,9 @@ use rand::RngCore;
 
 use crate::endpoint::{EndpointState, Observation, Outcome, PoolChange};
 use crate::environment::Environment;
-use crate::model::{Endpoint, EndpointId, Node, ServiceKey, ServiceSpec, Update};
+use crate::model::{Endpoint, EndpointId, Node, PortProtocol, ServiceKey, ServiceSpec, Update};
 use crate::retry_budget::RetryBudget;
-use crate::route::{PortSlot, Route, RouteEndpoint};
+use crate::route::{PortSlot, PortTarget, Route, RouteEndpoint};
 use crate::settings::{ProbeShape, ServiceSettings, SettingError};
 use crate::strategy::{Choice, PickContext, Reason, Strategy, StrategyRegistry};
 
@@ -169,6 +169,8 @@ pub struct Picked {
     pub index: usize,
     /// Address to connect to: the endpoint's IP and the port that was asked for.
     pub addr: SocketAddr,
+    /// What that port speaks.
+    pub protocol: PortProtocol,
     /// Why the strategy chose it.
     pub reason: Reason,
     /// When it was picked: the start of the attempt.
@@ -232,6 +234,8 @@ pub struct ProbeTicket {
     pub id: EndpointId,
     /// Address to probe.
     pub addr: SocketAddr,
+    /// What the probed port speaks.
+    pub protocol: PortProtocol,
     /// `GET` of this path, unless `shape` asks for the service's traffic.
     pub path: String,
     /// Whether to send `GET path` or replay a recent request of the service.
@@ -682,7 +686,7 @@ impl Router {
         let mut excluded: Vec<usize> = if exclude.is_empty() {
             let choice = self.choose(table, route, now, rng, &[])?;
             match route.addr(port, choice.index) {
-                Some(addr) => return Ok(self.picked(route, stash, choice, addr, now)),
+                Some(target) => return Ok(self.picked(route, stash, choice, target, now)),
                 None => vec![choice.index],
             }
         } else {
@@ -695,7 +699,7 @@ impl Router {
         for _ in usize::from(exclude.is_empty())..tries {
             let choice = self.choose(table, route, now, rng, &excluded)?;
             match route.addr(port, choice.index) {
-                Some(addr) => return Ok(self.picked(route, stash, choice, addr, now)),
+                Some(target) => return Ok(self.picked(route, stash, choice, target, now)),
                 None => excluded.push(choice.index),
             }
         }
@@ -738,7 +742,7 @@ impl Router {
         route: &Arc<ServiceRoute>,
         stash: Option<&mut RouteStash>,
         choice: Choice,
-        addr: SocketAddr,
+        target: PortTarget,
         now: Instant,
     ) -> Picked {
         route.state(choice.index).begin_attempt();
@@ -749,7 +753,8 @@ impl Router {
         Picked {
             route: Some(route),
             index: choice.index,
-            addr,
+            addr: target.addr,
+            protocol: target.protocol,
             reason: choice.reason,
             at: now,
             overdue: AtomicBool::new(false),
@@ -929,7 +934,10 @@ impl Router {
                 _ => 0..eligible.len(),
             };
             let settings = route.settings();
-            let port_name = resolve_port(route, None).unwrap_or("");
+            let service_port = resolve_port_slot(route, None)
+                .ok()
+                .flatten()
+                .and_then(|slot| route.spec.ports.get(slot));
             let env = &table.environment;
             for slot in slots {
                 let i = eligible[slot];
@@ -944,7 +952,7 @@ impl Router {
                     resume_at.get_or_insert(((start + offset) % count, slot));
                     continue;
                 }
-                let Some(port) = ep.endpoint.port(port_name) else {
+                let Some(target) = PortTarget::of(&ep.endpoint, service_port) else {
                     continue;
                 };
                 if ep.state.claim_probe(now, first_probe) {
@@ -952,7 +960,8 @@ impl Router {
                     due.push(ProbeTicket {
                         service: route.key().clone(),
                         id: ep.endpoint.id.clone(),
-                        addr: SocketAddr::new(ep.endpoint.ip, port),
+                        addr: target.addr,
+                        protocol: target.protocol,
                         path: settings.qos_pool.probe_path.clone(),
                         shape: settings.qos_pool.probe,
                         timeout: settings.timeout.min(settings.latency_slo * 10),
@@ -1052,14 +1061,6 @@ fn unpack_cursor(cursor: u64) -> (usize, usize) {
 
 fn by_id(endpoints: Vec<Endpoint>) -> BTreeMap<EndpointId, Endpoint> {
     endpoints.into_iter().map(|e| (e.id.clone(), e)).collect()
-}
-
-/// The endpoint port name for a requested service port.
-fn resolve_port<'r>(
-    route: &'r ServiceRoute,
-    port: Option<PortRef<'_>>,
-) -> Result<&'r str, PickError> {
-    resolve_port_slot(route, port).map(|slot| route.port_name(slot))
 }
 
 /// The requested service port as a [`PortSlot`] of the route: the index of the

@@ -34,6 +34,7 @@ use crate::conn::InFlight;
 use crate::h1::{NativeBody, UpstreamError};
 use crate::metrics::{EndpointMetrics, ErrorKind};
 use crate::pool::Lease;
+use crate::upstream_h2::Seat;
 
 /// What `poll_frame` returns for a pod's response body.
 type ResponseFrame = Poll<Option<Result<Frame<Bytes>, UpstreamError>>>;
@@ -86,6 +87,8 @@ impl UpstreamBody {
     pub(crate) fn release(&mut self, lease: Lease, clean: bool) {
         match &mut self.rest {
             Rest::Hyper(_) => lease.release(clean),
+            // Its stream's place is given back with the body.
+            Rest::Multiplexed(..) => drop(lease),
             Rest::Native(body) => lease.release_socket(body.reusable().filter(|_| clean)),
         }
     }
@@ -97,6 +100,8 @@ impl UpstreamBody {
 pub(crate) enum Rest {
     Hyper(Incoming),
     Native(NativeBody),
+    /// A stream of an HTTP/2 connection, holding its place on it until dropped.
+    Multiplexed(Incoming, #[allow(dead_code)] Seat),
 }
 
 impl Body for Rest {
@@ -105,21 +110,23 @@ impl Body for Rest {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> ResponseFrame {
         match self.get_mut() {
-            Rest::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(UpstreamError::Hyper),
+            Rest::Hyper(body) | Rest::Multiplexed(body, _) => {
+                Pin::new(body).poll_frame(cx).map_err(UpstreamError::Hyper)
+            }
             Rest::Native(body) => body.poll_frame(cx).map_err(UpstreamError::Native),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Rest::Hyper(body) => body.is_end_stream(),
+            Rest::Hyper(body) | Rest::Multiplexed(body, _) => body.is_end_stream(),
             Rest::Native(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Rest::Hyper(body) => body.size_hint(),
+            Rest::Hyper(body) | Rest::Multiplexed(body, _) => body.size_hint(),
             Rest::Native(body) => body.size_hint(),
         }
     }
@@ -188,7 +195,7 @@ impl ResponseBody {
         match &mut self.kind {
             Kind::Upstream(up) => match &mut up.body.rest {
                 Rest::Native(native) => native.raw.take(),
-                Rest::Hyper(_) => None,
+                Rest::Hyper(_) | Rest::Multiplexed(..) => None,
             },
             Kind::Full(_) => None,
         }

@@ -56,6 +56,10 @@ pub struct ProxyConfig {
     /// a client that stopped sending its request body) is closed, and with it the
     /// connection to the pod. Default 60 s.
     pub body_idle_timeout: Duration,
+    /// Most requests at once on one HTTP/2 connection to an h2c pod (fewer if the pod's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` says so); beyond it another connection is
+    /// opened (`upstream_h2.rs`). Default 100.
+    pub h2_max_streams: u32,
     /// An upgraded connection (a WebSocket) on which no byte moves either way for this
     /// long is closed (`tunnel.rs`). Default 5 minutes.
     pub tunnel_idle_timeout: Duration,
@@ -98,6 +102,7 @@ impl Default for ProxyConfig {
             client_header_timeout: Duration::from_secs(30),
             client_idle_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
+            h2_max_streams: 100,
             tunnel_idle_timeout: Duration::from_secs(300),
             tunnel_removed_grace: Duration::from_secs(10),
             max_client_connections: 4096,

@@ -45,12 +45,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use proxima_core::endpoint::unanswered_limit;
-use proxima_core::{EndpointId, Outcome, PickError, Picked, PoolChange, PortRef, ServiceKey};
+use proxima_core::{
+    EndpointId, Outcome, PickError, Picked, PoolChange, PortProtocol, PortRef, ServiceKey,
+};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
@@ -144,9 +147,11 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// needs.
 // Not an `async fn`: see above.
 #[allow(clippy::manual_async_fn)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attempt<'a>(
     pool: &'a Arc<ConnPool>,
     addr: SocketAddr,
+    protocol: PortProtocol,
     mut req: Request<RequestBody>,
     deadline: Instant,
     connect_timeout: Duration,
@@ -154,6 +159,15 @@ pub(crate) fn attempt<'a>(
     sent: &'a AtomicBool,
 ) -> impl std::future::Future<Output = Attempt> + 'a {
     async move {
+        if protocol == PortProtocol::H2c {
+            let to = Upstream {
+                pool,
+                addr,
+                deadline,
+                connect_timeout,
+            };
+            return Box::pin(by_h2(to, req, keep, sent)).await;
+        }
         let resendable = req.body().is_end_stream() && is_idempotent(req.method());
         let native = matches!(req.body(), RequestBody::Empty);
         let mut stale = 0;
@@ -360,6 +374,141 @@ async fn by_hyper(
     }
 }
 
+/// Where an attempt goes: the pool, the pod, and its time limits.
+struct Upstream<'a> {
+    pool: &'a Arc<ConnPool>,
+    addr: SocketAddr,
+    deadline: Instant,
+    connect_timeout: Duration,
+}
+
+/// Send `req` to an h2c pod on a multiplexed connection (`upstream_h2.rs`): a stream on
+/// a connection with room, or on a new one. A connection that was closing (GOAWAY, pod
+/// gone) gives the request back untouched and another is tried. A request the pod
+/// refused unprocessed (`REFUSED_STREAM`, above a graceful GOAWAY) comes back as not
+/// sent, for another pod, when it can be sent again: without a body, or with a body
+/// recorded within its limit (`RequestBody::recorded`). `keep` as for [`attempt`].
+async fn by_h2(
+    to: Upstream<'_>,
+    req: Request<RequestBody>,
+    keep: bool,
+    sent: &AtomicBool,
+) -> Attempt {
+    // The request as any pod's attempt takes it, for sending it again.
+    let head = Replay::of(&req);
+    let mut req = req;
+    for_h2(&mut req, to.addr);
+    let recorded = match req.body() {
+        RequestBody::Empty => Some(RequestBody::Empty),
+        body => body.again(),
+    };
+    let mut closed = 0;
+    loop {
+        let seat = to.pool.h2.seat(to.addr);
+        let left = to.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Attempt::TimedOut { sent: false };
+        }
+        let timeout = to.connect_timeout.min(left);
+        let mut sender = match seat
+            .sender(to.addr, to.pool.connect_socket(to.addr, timeout))
+            .await
+        {
+            Ok(sender) => sender,
+            Err(ConnectError::Timeout(_)) if left < to.connect_timeout => {
+                return Attempt::TimedOut { sent: false }
+            }
+            Err(error) => return Attempt::NotSent(req, error),
+        };
+        sent.store(true, Ordering::Relaxed);
+        let error = match sender.try_send_request(req).await {
+            Ok(response) => {
+                let response = response.map(|body| Rest::Multiplexed(body, seat));
+                return match first_frame(response, to.deadline).await {
+                    Ok((response, at)) => Attempt::Response(response, None, at),
+                    Err(error) => Attempt::Failed(
+                        ErrorKind::Protocol,
+                        error,
+                        keep.then(|| Box::new(head.request())),
+                    ),
+                };
+            }
+            Err(mut error) => match error.take_message() {
+                Some(back) if closed < MAX_STALE => {
+                    sent.store(false, Ordering::Relaxed);
+                    req = back;
+                    closed += 1;
+                    continue;
+                }
+                Some(back) => {
+                    sent.store(false, Ordering::Relaxed);
+                    let error = ConnectError::Closed(error.into_error().into());
+                    return Attempt::NotSent(back, error);
+                }
+                None => error.into_error(),
+            },
+        };
+        if client_body_failed(&error) {
+            return Attempt::ClientBodyFailed(error);
+        }
+        if crate::upstream_h2::never_processed(&error) {
+            if let Some(body) = recorded {
+                sent.store(false, Ordering::Relaxed);
+                return Attempt::NotSent(head.request_with(body), ConnectError::Refused(error));
+            }
+        }
+        return Attempt::Failed(
+            error_kind(&error),
+            error.into(),
+            keep.then(|| Box::new(head.request())),
+        );
+    }
+}
+
+/// `req` with its client body read through a record, if it has one.
+fn record_body(req: Request<RequestBody>) -> Request<RequestBody> {
+    let (parts, body) = req.into_parts();
+    let body = match body {
+        RequestBody::Client(body) => RequestBody::recorded(body),
+        body => body,
+    };
+    Request::from_parts(parts, body)
+}
+
+/// Turn a request prepared for a pod ([`prepare`]) into one for an HTTP/2 pod: the
+/// `Host` becomes the `:authority` (RFC 9113 §8.3.1), the target absolute, and a gRPC
+/// call says `te: trailers`, which gRPC over HTTP/2 requires of clients and which
+/// [`prepare`] removed with the hop-by-hop fields.
+fn for_h2(req: &mut Request<RequestBody>, addr: SocketAddr) {
+    let authority = req
+        .headers_mut()
+        .remove(HOST)
+        .and_then(|host| Authority::try_from(host.as_bytes()).ok())
+        .or_else(|| req.uri().authority().cloned())
+        .or_else(|| Authority::try_from(addr.to_string()).ok());
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = authority;
+    parts.path_and_query = Some(
+        req.uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_2;
+    let headers = req.headers_mut();
+    headers.remove(TRANSFER_ENCODING);
+    let grpc = headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+}
+
 /// Split off the response's framing problems and wait briefly for its first body frame
 /// (see [`FIRST_FRAME_WAIT`]); the response, and when its headers arrived.
 ///
@@ -494,7 +643,12 @@ impl Replay {
     }
 
     fn request(&self) -> Request<RequestBody> {
-        let mut req = Request::new(RequestBody::Empty);
+        self.request_with(RequestBody::Empty)
+    }
+
+    /// The request again, with `body`.
+    fn request_with(&self, body: RequestBody) -> Request<RequestBody> {
+        let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         let headers = req.headers_mut();
@@ -927,9 +1081,15 @@ impl Proxy {
                 // stored twice in `watched`'s state (argument and pinned local), and each
                 // copy of this one is moved with every move of the request's future.
                 let written = AtomicBool::new(false);
+                if picked.protocol == PortProtocol::H2c && retries_done < retries {
+                    // A pod may refuse the stream unprocessed; its body is then sent to
+                    // the next pod (`RequestBody::recorded`).
+                    req = record_body(req);
+                }
                 let sent = attempt(
                     &self.pool,
                     addr,
+                    picked.protocol,
                     req,
                     deadline,
                     connect_timeout,

@@ -53,6 +53,7 @@ mod spare;
 mod stall;
 pub mod target;
 mod tunnel;
+mod upstream_h2;
 mod worker;
 mod workers;
 
@@ -120,6 +121,7 @@ impl Proxy {
             config.upstream_bind,
             config.max_response_headers,
             metrics.pool(),
+            config.h2_max_streams,
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);

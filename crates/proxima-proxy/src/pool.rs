@@ -73,6 +73,7 @@ use crate::connect::connect_from;
 use crate::h1::UpstreamError;
 use crate::metrics::{IdleCloseReason, PoolMetrics};
 use crate::request_body::RequestBody;
+use crate::upstream_h2::H2Pool;
 
 /// A connection to one pod, able to send the next request.
 #[derive(Debug)]
@@ -249,6 +250,8 @@ pub(crate) struct ConnPool {
     /// other runtime (the prober's) would never be taken again, and would only hold an
     /// idle place, so it is closed after its exchange.
     workers_serve: AtomicBool,
+    /// The multiplexed connections to h2c pods (`upstream_h2.rs`).
+    pub(crate) h2: H2Pool,
 }
 
 /// `stream`, registered with another worker's reactor, moved to the calling worker's;
@@ -293,8 +296,10 @@ impl ConnPool {
         bind: Option<IpAddr>,
         max_response_headers: usize,
         metrics: PoolMetrics,
+        h2_max_streams: u32,
     ) -> Self {
         Self {
+            h2: H2Pool::new(h2_max_streams, idle_timeout),
             lists: Mutex::new(Lists::default()),
             bounds,
             idle_timeout,
@@ -547,6 +552,7 @@ impl ConnPool {
 
     /// Close expired and closed connections.
     pub(crate) fn sweep(&self, now: Instant) {
+        self.h2.sweep(now);
         let dropped = {
             let mut lists = self.lists();
             let lists = &mut *lists;
@@ -601,8 +607,12 @@ pub(crate) enum ConnectError {
     Timeout(Duration),
     #[error("connect failed: {0}")]
     Io(#[from] std::io::Error),
-    #[error("HTTP/1.1 handshake failed: {0}")]
+    #[error("HTTP handshake failed: {0}")]
     Handshake(hyper::Error),
+    /// An HTTP/2 pod refused the request without processing it (`REFUSED_STREAM`, or
+    /// a graceful GOAWAY below the request's stream).
+    #[error("the pod refused the request unprocessed: {0}")]
+    Refused(hyper::Error),
     /// A fresh connection broke before the request could be written.
     #[error("connection closed before the request was sent: {0}")]
     Closed(UpstreamError),
@@ -658,6 +668,7 @@ mod tests {
             None,
             100,
             metrics.pool(),
+            100,
         ))
     }
 

@@ -228,6 +228,7 @@ async fn probe(proxy: Arc<Proxy>, ticket: ProbeTicket) {
     let answer = attempt(
         &proxy.pool,
         ticket.addr,
+        ticket.protocol,
         req,
         deadline,
         ticket.timeout,

@@ -358,6 +358,18 @@ pub struct ProxyArgs {
     )]
     pub upstream_max_idle_buffered: usize,
 
+    /// Most requests at once on one HTTP/2 connection to a pod whose port speaks h2c (or
+    /// fewer, if the pod's SETTINGS_MAX_CONCURRENT_STREAMS says so); beyond it another
+    /// connection is opened.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_H2_MAX_STREAMS",
+        default_value = "100",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub upstream_h2_max_streams: u32,
+
     /// Most first probes of new endpoints in flight at once; more that are due wait for a
     /// later tick (100 ms). Bounds the connections a start or a large rollout opens at
     /// once. Probes of evicted endpoints are not bounded.
@@ -837,6 +849,7 @@ impl ProxyArgs {
             max_idle_per_endpoint: self.upstream_max_idle_per_endpoint,
             max_idle_total: self.upstream_max_idle,
             max_idle_buffered: self.upstream_max_idle_buffered,
+            h2_max_streams: self.upstream_h2_max_streams,
             max_concurrent_first_probes: self.max_concurrent_first_probes as usize,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,

@@ -1,0 +1,221 @@
+//! HTTP/2 to pods whose port speaks h2c (`upstream_h2.rs`): real hyper and h2 servers as
+//! the pods, HTTP/1.1 and HTTP/2 clients on the other side.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxima_core::Endpoint;
+use proxima_proxy::ProxyConfig;
+use tokio::net::TcpListener;
+
+/// An endpoint on `addr` whose port speaks h2c, as `appProtocol: kubernetes.io/h2c`
+/// says.
+fn h2c_endpoint(id: &str, addr: SocketAddr) -> Endpoint {
+    let mut endpoint = endpoint(id, addr);
+    endpoint.ports[0].app_protocol = Some("kubernetes.io/h2c".to_string());
+    endpoint
+}
+
+/// An HTTP/2-only pod (hyper, prior knowledge) allowing `streams` at once per
+/// connection: it answers, after `delay`, with what it saw: the request's version,
+/// authority, `host`, `te`, and body, prefixed with its name. Counts its connections.
+struct H2Pod {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+async fn h2_pod(name: &'static str, streams: u32, delay: Duration) -> H2Pod {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let service = service_fn(move |req: Request<Incoming>| async move {
+                tokio::time::sleep(delay).await;
+                let seen = format!(
+                    "{name}: version={:?} authority={} host={} te={}",
+                    req.version(),
+                    req.uri().authority().map_or("-", |a| a.as_str()),
+                    header(&req, "host"),
+                    header(&req, "te"),
+                );
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let body = String::from_utf8_lossy(&body.unwrap_or_default()).into_owned();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
+                    "{seen} body={body}"
+                )))))
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(streams)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    H2Pod { addr, connections }
+}
+
+fn header<B>(req: &Request<B>, name: &str) -> String {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string()
+}
+
+/// A pod (the h2 crate's server) that refuses every stream with `REFUSED_STREAM`,
+/// unprocessed, and counts them.
+async fn refusing_pod() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counted = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    (addr, refused)
+}
+
+fn post(proxy: &TestProxy, body: &'static str) -> Request<Body> {
+    Request::post(proxy.url("/upload?x=1"))
+        .header("x-service", "api.shop")
+        .body(full(body))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn http1_and_h2_clients_reach_an_h2c_pod_over_http2() {
+    let pod = h2_pod("pod-a", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[]),
+        vec![h2c_endpoint("pod-a", pod.addr)],
+    )])
+    .await;
+    for client in [http1_client(), h2c_client()] {
+        let reply = send(&client, post(&proxy, "hello")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let seen = String::from_utf8_lossy(&reply.body);
+        assert!(seen.starts_with("pod-a: version=HTTP/2.0"), "{seen}");
+        // The client's Host (or :authority) is the pod's :authority, not a header.
+        let authority = proxy.addr.to_string();
+        assert!(
+            seen.contains(&format!("authority={authority} host=-")),
+            "{seen}"
+        );
+        assert!(seen.ends_with("body=hello"), "{seen}");
+        let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(String::from_utf8_lossy(&reply.body).ends_with("body="));
+    }
+    // Every request went over one multiplexed connection.
+    assert_eq!(pod.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_pod_s_stream_limit_opens_more_connections_instead_of_queueing() {
+    // Two streams per connection, six requests at once, each held 300 ms by the pod.
+    let pod = h2_pod("pod-a", 2, Duration::from_millis(300)).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("latency-slo", "2s")]),
+        vec![h2c_endpoint("pod-a", pod.addr)],
+    )])
+    .await;
+    // Let the first connection learn the pod's SETTINGS.
+    let client = h2c_client();
+    let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let started = std::time::Instant::now();
+    let calls = (0..6).map(|_| {
+        let client = client.clone();
+        let url = proxy.url("/");
+        async move { get(&client, &url, &[("x-service", "api.shop")]).await }
+    });
+    for reply in futures_util::future::join_all(calls).await {
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    // Three for the six (a probe in flight meanwhile may have needed a fourth).
+    let connections = pod.connections.load(Ordering::SeqCst);
+    assert!((3..=4).contains(&connections), "{connections} connections");
+    // Queued behind two streams they would have taken three rounds (900 ms).
+    assert!(
+        started.elapsed() < Duration::from_millis(850),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_refused_stream_goes_to_another_pod_with_its_body() {
+    let (refuser, refused) = refusing_pod().await;
+    let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start_with(
+        ProxyConfig::default(),
+        vec![(
+            service("shop", "api", &[], &[("retries", "2")]),
+            vec![
+                h2c_endpoint("refuser", refuser),
+                h2c_endpoint("pod-b", pod.addr),
+            ],
+        )],
+    )
+    .await;
+    let client = h2c_client();
+    for _ in 0..20 {
+        // A POST: not idempotent, but never processed, so sent again.
+        let reply = send(&client, post(&proxy, "payload")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        let seen = String::from_utf8_lossy(&reply.body);
+        assert!(
+            seen.starts_with("pod-b:") && seen.ends_with("body=payload"),
+            "{seen}"
+        );
+    }
+    assert!(
+        refused.load(Ordering::SeqCst) >= 1,
+        "the refuser was never tried"
+    );
+}
+
+#[tokio::test]
+async fn an_h2c_pod_is_probed_over_http2() {
+    let pod = h2_pod("pod-a", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("latency-slo", "200ms")]),
+        vec![h2c_endpoint("pod-a", pod.addr)],
+    )])
+    .await;
+    // A new endpoint is probed at once; an HTTP/1.1 probe would fail at an h2-only pod.
+    eventually("the first probe met the SLO", PATIENCE, || {
+        proxy
+            .metrics_text()
+            .lines()
+            .any(|l| l.starts_with("proxima_probes_total") && l.contains("met"))
+    })
+    .await;
+}
