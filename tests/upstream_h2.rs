@@ -219,3 +219,122 @@ async fn an_h2c_pod_is_probed_over_http2() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_pod_declared_h2c_that_speaks_http1_is_skipped_and_named_in_the_error() {
+    let liar = backend("liar").await;
+    let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start(vec![
+        (
+            service("shop", "api", &[], &[("retries", "2")]),
+            vec![
+                h2c_endpoint("liar", liar.addr()),
+                h2c_endpoint("pod-b", pod.addr),
+            ],
+        ),
+        (
+            service("shop", "only-liar", &[], &[]),
+            vec![h2c_endpoint("liar", liar.addr())],
+        ),
+    ])
+    .await;
+    let client = h2c_client();
+    for _ in 0..10 {
+        // A POST too: the HTTP/1.1 server never understood it, so it goes elsewhere.
+        let reply = send(&client, post(&proxy, "payload")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert!(String::from_utf8_lossy(&reply.body).starts_with("pod-b:"));
+    }
+    let reply = get(&client, &proxy.url("/"), &[("x-service", "only-liar.shop")]).await;
+    reply.assert_error(StatusCode::BAD_GATEWAY, "upstream unavailable");
+    let detail = reply.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(detail.contains("does not speak HTTP/2"), "{detail}");
+    assert!(
+        proxy.metric(r#"proxima_upstream_errors_total{endpoint="liar",kind="connect",service="only-liar.shop"}"#) >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn a_pod_declared_http1_that_speaks_only_http2_gets_a_clear_502() {
+    let pod = h2_pod("pod-a", 100, Duration::ZERO).await;
+    // No appProtocol, no port name: HTTP/1.1 is sent.
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[]),
+        vec![endpoint("pod-a", pod.addr)],
+    )])
+    .await;
+    let reply = get(
+        &http1_client(),
+        &proxy.url("/"),
+        &[("x-service", "api.shop")],
+    )
+    .await;
+    reply.assert_error(StatusCode::BAD_GATEWAY, "upstream error");
+    let detail = reply.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The pod's GOAWAY is named when it arrives; a pod that resets the connection at
+    // once (with the request unread) leaves only the reset to tell.
+    assert!(
+        detail.contains("declare its port h2c") || detail.contains("reset"),
+        "{detail}"
+    );
+    let failures = ["protocol", "reset"].map(|kind| {
+        proxy.metric(&format!(
+            r#"proxima_upstream_errors_total{{endpoint="pod-a",kind="{kind}",service="api.shop"}}"#
+        ))
+    });
+    assert_eq!(failures.iter().sum::<f64>(), 1.0, "{failures:?}");
+}
+
+/// A gRPC pod that answers a message and ends the stream without trailers: without
+/// `grpc-status` (a broken gRPC server, or a plain HTTP/2 one behind a gRPC port).
+async fn statusless_grpc_pod() -> SocketAddr {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service_fn(|_: Request<Incoming>| async {
+                let mut response = Response::new(Full::new(Bytes::from_static(b"\0\0\0\0\x01x")));
+                response
+                    .headers_mut()
+                    .insert("content-type", "application/grpc".parse().unwrap());
+                Ok::<_, Infallible>(response)
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_grpc_answer_without_grpc_status_is_passed_on_and_counted() {
+    let pod = statusless_grpc_pod().await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[]),
+        vec![h2c_endpoint("pod-a", pod)],
+    )])
+    .await;
+    let call = Request::post(proxy.url("/echo.Echo/Say"))
+        .header("x-service", "api.shop")
+        .header("content-type", "application/grpc")
+        .body(full(&b"\0\0\0\0\x02hi"[..]))
+        .expect("request");
+    let reply = send(&h2c_client(), call).await;
+    // Passed on as it came: the client's gRPC library reads the missing status as
+    // INTERNAL; the proxy counts it.
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(&reply.body[..], b"\0\0\0\0\x01x");
+    assert_eq!(
+        proxy.metric(r#"proxima_grpc_responses_total{code="missing",service="api.shop"}"#),
+        1.0
+    );
+}

@@ -169,6 +169,15 @@ pub enum Outcome {
         /// The response's status code.
         status: u16,
     },
+    /// A gRPC call's answer with `grpc-status` `code` (in the headers of a Trailers-Only
+    /// answer, or in the trailers that followed them at once), its headers after
+    /// `latency`; a code in the service's `grpc-failure-codes` makes it a failure.
+    GrpcAnswered {
+        /// From sending the request to the response headers.
+        latency: Duration,
+        /// The `grpc-status` code.
+        code: u8,
+    },
     /// Response headers arrived after `latency` with a status that is not a failure
     /// (for callers that have already classified it).
     Response {
@@ -179,6 +188,24 @@ pub enum Outcome {
     ConnectFailed,
     /// Sent, but no response: reset, protocol error or timeout.
     Failed,
+}
+
+/// What a failed answer said: an HTTP status, or a gRPC call's `grpc-status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailedAnswer {
+    /// An HTTP status in the service's `failure-status`.
+    Status(u16),
+    /// A `grpc-status` in the service's `grpc-failure-codes`.
+    Grpc(u8),
+}
+
+impl std::fmt::Display for FailedAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailedAnswer::Status(status) => write!(f, "status {status}"),
+            FailedAnswer::Grpc(code) => write!(f, "grpc-status {code}"),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -193,7 +220,7 @@ pub(crate) struct Stats {
     pub(crate) probe_in_flight: bool,
     /// Failures in a row (any kind), and the status of the last failed answer.
     pub(crate) consecutive_failures: u32,
-    pub(crate) last_failure_status: Option<u16>,
+    pub(crate) last_failure_status: Option<FailedAnswer>,
     /// Whether the last ejection for consecutive failures was refused by the cap.
     pub(crate) ejection_capped: bool,
     /// Whether the last latency eviction was withheld because it would have emptied the
@@ -543,7 +570,10 @@ impl EndpointState {
         obs: &Observation<'_>,
     ) -> Option<PoolChange> {
         let mut stats = self.lock();
-        if matches!(outcome, Outcome::Answered { .. } | Outcome::Response { .. }) {
+        if matches!(
+            outcome,
+            Outcome::Answered { .. } | Outcome::Response { .. } | Outcome::GrpcAnswered { .. }
+        ) {
             stats.last_answer = Some(now);
         }
         let slo = settings.latency_slo;
@@ -565,10 +595,30 @@ impl EndpointState {
             Outcome::Answered { status, .. } if settings.failure_status.contains(status) => {
                 stats.connect_failures = 0;
                 self.cooldown_until.store(0, Ordering::Relaxed);
-                self.failed(&mut stats, now, Some(status), obs.late, slo);
+                self.failed(
+                    &mut stats,
+                    now,
+                    Some(FailedAnswer::Status(status)),
+                    obs.late,
+                    slo,
+                );
                 false
             }
-            Outcome::Answered { latency, .. } | Outcome::Response { latency } => {
+            Outcome::GrpcAnswered { code, .. } if settings.grpc_failure_codes.contains(code) => {
+                stats.connect_failures = 0;
+                self.cooldown_until.store(0, Ordering::Relaxed);
+                self.failed(
+                    &mut stats,
+                    now,
+                    Some(FailedAnswer::Grpc(code)),
+                    obs.late,
+                    slo,
+                );
+                false
+            }
+            Outcome::Answered { latency, .. }
+            | Outcome::Response { latency }
+            | Outcome::GrpcAnswered { latency, .. } => {
                 stats.connect_failures = 0;
                 stats.consecutive_failures = 0;
                 stats.ejection_capped = false;
@@ -617,7 +667,7 @@ impl EndpointState {
         &self,
         stats: &mut Stats,
         now: Instant,
-        status: Option<u16>,
+        status: Option<FailedAnswer>,
         late: bool,
         slo: Duration,
     ) {
@@ -936,7 +986,7 @@ impl EndpointState {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct EndpointDetail {
     pub(crate) consecutive_failures: u32,
-    pub(crate) last_failure_status: Option<u16>,
+    pub(crate) last_failure_status: Option<FailedAnswer>,
     pub(crate) ejection_capped: bool,
     pub(crate) kept_during_stall: bool,
     pub(crate) flaps: u32,

@@ -252,8 +252,8 @@ fn explain_route(
                 }
             } else {
                 let failures = || match detail.last_failure_status {
-                    Some(status) => format!(
-                        "{} consecutive failures (last: status {status})",
+                    Some(answer) => format!(
+                        "{} consecutive failures (last: {answer})",
                         detail.consecutive_failures
                     ),
                     None => format!(

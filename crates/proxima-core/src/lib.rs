@@ -30,7 +30,9 @@ pub mod router;
 pub mod settings;
 pub mod strategy;
 
-pub use endpoint::{Admission, EndpointState, EvictionCause, InFlight, Outcome, PoolChange};
+pub use endpoint::{
+    Admission, EndpointState, EvictionCause, FailedAnswer, InFlight, Outcome, PoolChange,
+};
 pub use environment::{Environment, Usage};
 pub use estimator::{LatencyEstimator, Prediction};
 pub use model::{
@@ -44,5 +46,5 @@ pub use router::{
     release_cached_table, ApplyReport, PickError, Picked, PortRef, ProbeTicket, Router,
     ServiceRoute, Table,
 };
-pub use settings::{ProbeShape, ServiceSettings, SettingError, StatusSet};
+pub use settings::{GrpcCodes, ProbeShape, ServiceSettings, SettingError, StatusSet};
 pub use strategy::{Choice, NodeCandidates, PickContext, Reason, Strategy, StrategyRegistry};

@@ -108,6 +108,9 @@ pub struct ServiceSettings {
     /// `failure-status`: response statuses that count as failures, i.e. SLO misses,
     /// however fast they come (default `5xx`).
     pub failure_status: StatusSet,
+    /// `grpc-failure-codes`: the `grpc-status` codes of a gRPC call's answer that count
+    /// as failures, as a failure status does (default [`GrpcCodes::default`]).
+    pub grpc_failure_codes: GrpcCodes,
     /// `retry-budget-*`: how many retries the service may add to its requests (see
     /// [`crate::retry_budget`]).
     pub retry_budget: RetryBudgetParams,
@@ -131,6 +134,7 @@ impl Default for ServiceSettings {
             connect_timeout: Duration::from_secs(1),
             retries: 2,
             failure_status: StatusSet::default(),
+            grpc_failure_codes: GrpcCodes::default(),
             retry_budget: RetryBudgetParams::default(),
             qos_pool: QosPoolParams::default(),
             params: BTreeMap::new(),
@@ -277,6 +281,16 @@ impl ServiceSettings {
                     )
                 })?;
             }
+            "grpc-failure-codes" => {
+                self.grpc_failure_codes = GrpcCodes::parse(value).ok_or_else(|| {
+                    SettingError::new(
+                        key,
+                        value,
+                        "gRPC status codes (0-16) or their names separated by commas, e.g. \
+                         \"14,4\" or \"UNAVAILABLE,DEADLINE_EXCEEDED\", or \"none\"",
+                    )
+                })?;
+            }
             "qos-pool-eject-after" => {
                 self.qos_pool.eject_after = parse_count(key, value, 0, 1000)? as u32;
             }
@@ -369,9 +383,8 @@ impl ServiceSettings {
                         key,
                         value,
                         "a known key: latency-slo, slo-percentile, strategy, timeout, \
-                         connect-timeout, retries, failure-status, retry-budget-*, \
-                         qos-pool-*, or \
-                         <strategy>-<param>",
+                         connect-timeout, retries, failure-status, grpc-failure-codes, \
+                         retry-budget-*, qos-pool-*, or <strategy>-<param>",
                     ));
                 }
             }
@@ -456,6 +469,97 @@ impl StatusSet {
         self.ranges
             .iter()
             .any(|&(from, to)| (from..=to).contains(&status))
+    }
+
+    /// The setting as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// gRPC status codes (the `grpc-failure-codes` setting), by number or by name, as gRPC's
+/// `doc/statuscodes.md` gives them; `none` is the empty set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcCodes {
+    /// Bit `n` set: code `n` is in the set.
+    bits: u32,
+    text: String,
+}
+
+/// gRPC's status code names, by code.
+const GRPC_CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+impl Default for GrpcCodes {
+    /// The codes that say the pod (not the call) is in trouble: UNAVAILABLE (14, down or
+    /// overloaded), DEADLINE_EXCEEDED (4, too slow), RESOURCE_EXHAUSTED (8, out of
+    /// capacity), INTERNAL (13) and UNKNOWN (2, an unhandled error: how a crashing
+    /// handler answers). Codes about the call itself (INVALID_ARGUMENT, NOT_FOUND,
+    /// PERMISSION_DENIED, ...) are the client's business and say nothing of the pod; the
+    /// same split as Envoy's and linkerd's retryable gRPC codes.
+    fn default() -> Self {
+        Self::parse("UNKNOWN,DEADLINE_EXCEEDED,RESOURCE_EXHAUSTED,INTERNAL,UNAVAILABLE")
+            .expect("valid default")
+    }
+}
+
+impl Serialize for GrpcCodes {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl GrpcCodes {
+    /// Parse the setting's text; `None` when any part is neither a code nor a name.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("none") {
+            return Some(Self {
+                bits: 0,
+                text: "none".to_string(),
+            });
+        }
+        let mut bits = 0u32;
+        for part in text.split(',') {
+            let part = part.trim();
+            let code = match part.parse::<u8>() {
+                Ok(code) => code,
+                Err(_) => GRPC_CODE_NAMES
+                    .iter()
+                    .position(|name| name.eq_ignore_ascii_case(part))?
+                    as u8,
+            };
+            if usize::from(code) >= GRPC_CODE_NAMES.len() {
+                return None;
+            }
+            bits |= 1 << code;
+        }
+        Some(Self {
+            bits,
+            text: text.to_string(),
+        })
+    }
+
+    /// Whether `code` is in the set.
+    pub fn contains(&self, code: u8) -> bool {
+        code < 32 && self.bits & (1 << code) != 0
     }
 
     /// The setting as written.
@@ -622,6 +726,29 @@ mod tests {
         ]);
         assert!(errors.is_empty());
         assert_eq!(s.latency_slo, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn grpc_failure_codes_take_numbers_and_names() {
+        let default = GrpcCodes::default();
+        for code in [2, 4, 8, 13, 14] {
+            assert!(default.contains(code), "{code}");
+        }
+        for code in [0, 1, 3, 5, 12, 16, 40] {
+            assert!(!default.contains(code), "{code}");
+        }
+        let (s, errors) =
+            ServiceSettings::from_pairs([("grpc-failure-codes", "14, unavailable,5")]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(s.grpc_failure_codes.contains(14) && s.grpc_failure_codes.contains(5));
+        assert!(!s.grpc_failure_codes.contains(4));
+        for bad in ["17", "UNAVAILABLEX", "", "14,"] {
+            let (s, errors) = ServiceSettings::from_pairs([("grpc-failure-codes", bad)]);
+            assert_eq!(errors.len(), 1, "{bad:?}");
+            assert_eq!(s.grpc_failure_codes, GrpcCodes::default());
+        }
+        let (s, _) = ServiceSettings::from_pairs([("grpc-failure-codes", "none")]);
+        assert!((0..17).all(|c| !s.grpc_failure_codes.contains(c)));
     }
 
     #[test]

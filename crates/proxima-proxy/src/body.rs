@@ -32,7 +32,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::InFlight;
 use crate::h1::{NativeBody, UpstreamError};
-use crate::metrics::{EndpointMetrics, ErrorKind};
+use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
 use crate::pool::Lease;
 use crate::upstream_h2::Seat;
 
@@ -47,10 +47,28 @@ pub(crate) struct Finish {
     /// The connection the response came on; the pool decides whether it is kept.
     pub(crate) connection: Lease,
     pub(crate) metrics: Arc<EndpointMetrics>,
+    /// A gRPC call whose `grpc-status` is still to come (in trailers): counted here.
+    pub(crate) grpc: Option<Arc<ServiceMetrics>>,
 }
 
 impl Finish {
+    /// Count the call's `grpc-status` from a frame of its body, if it is trailers.
+    fn saw(&mut self, frame: &Frame<Bytes>) {
+        if let (Some(service), Some(trailers)) = (&self.grpc, frame.trailers_ref()) {
+            service.grpc_status(crate::grpc::status(trailers));
+            self.grpc = None;
+        }
+    }
+
     fn complete(self, clean: bool, body: &mut UpstreamBody) {
+        if let (Some(service), true) = (&self.grpc, clean) {
+            tracing::debug!(
+                service = service.label(),
+                endpoint = %self.picked.endpoint().id,
+                "gRPC answer ended without grpc-status (its client reads INTERNAL)"
+            );
+            service.grpc_status(None);
+        }
         body.release(self.connection, clean);
         // Dropping `picked` ends the in-flight count.
     }
@@ -80,6 +98,12 @@ impl UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         self.first.is_none() && self.held_error.is_none() && self.rest.is_end_stream()
+    }
+
+    /// The body's first frame, if it was read already and is trailers (a gRPC answer
+    /// with no message).
+    pub(crate) fn first_trailers(&self) -> Option<&http::HeaderMap> {
+        self.first.as_ref().and_then(Frame::trailers_ref)
     }
 
     /// The exchange is over: give its connection back through `lease`, to be kept if
@@ -221,6 +245,9 @@ impl Body for ResponseBody {
                     return Poll::Ready(Some(Err(error)));
                 }
                 if let Some(first) = body.first.take() {
+                    if let Some(f) = finish {
+                        f.saw(&first);
+                    }
                     if body.rest.is_end_stream() {
                         if let Some(f) = finish.take() {
                             f.complete(true, body);
@@ -232,7 +259,12 @@ impl Body for ResponseBody {
                 let polled = Pin::new(&mut body.rest).poll_frame(cx);
                 match &polled {
                     Poll::Pending => body.burst = false,
-                    Poll::Ready(Some(Ok(_))) => body.burst = true,
+                    Poll::Ready(Some(Ok(frame))) => {
+                        body.burst = true;
+                        if let Some(f) = finish {
+                            f.saw(frame);
+                        }
+                    }
                     _ => {}
                 }
                 match &polled {

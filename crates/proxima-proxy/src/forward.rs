@@ -451,11 +451,16 @@ async fn by_h2(
         if client_body_failed(&error) {
             return Attempt::ClientBodyFailed(error);
         }
-        if crate::upstream_h2::never_processed(&error) {
-            if let Some(body) = recorded {
-                sent.store(false, Ordering::Relaxed);
-                return Attempt::NotSent(head.request_with(body), ConnectError::Refused(error));
-            }
+        let unprocessed: Option<fn(hyper::Error) -> ConnectError> = if !seat.pod_spoke_h2() {
+            Some(ConnectError::NotHttp2)
+        } else if crate::upstream_h2::never_processed(&error) {
+            Some(ConnectError::Refused)
+        } else {
+            None
+        };
+        if let (Some(why), Some(body)) = (unprocessed, recorded) {
+            sent.store(false, Ordering::Relaxed);
+            return Attempt::NotSent(head.request_with(body), why(error));
         }
         return Attempt::Failed(
             error_kind(&error),
@@ -463,6 +468,19 @@ async fn by_h2(
             keep.then(|| Box::new(head.request())),
         );
     }
+}
+
+/// The `grpc-status` of a pod's answer to a gRPC call, if it came with the headers
+/// (Trailers-Only) or in trailers that were the body's first frame. A status that
+/// follows messages is not waited for: the call's sample is its time to headers, and
+/// its messages say the pod is serving it.
+fn grpc_status(response: &Response<UpstreamBody>) -> Option<u8> {
+    crate::grpc::status(response.headers()).or_else(|| {
+        response
+            .body()
+            .first_trailers()
+            .and_then(crate::grpc::status)
+    })
 }
 
 /// `req` with its client body read through a record, if it has one.
@@ -1027,6 +1045,8 @@ impl Proxy {
                     .await;
             }
             let client_version = req.version();
+            let grpc = crate::grpc::is_call(req.headers());
+            let grpc_timeout = grpc.then(|| crate::grpc::timeout(req.headers())).flatten();
             prepare(&mut req, &client_ip);
             let replayable = req.body().is_end_stream() && is_idempotent(req.method());
 
@@ -1067,7 +1087,9 @@ impl Proxy {
                     settings.retries,
                     settings.latency_slo,
                 );
-                let deadline = *deadline.get_or_insert(start + timeout);
+                // A gRPC call's own deadline bounds it too.
+                let limit = grpc_timeout.map_or(timeout, |t| t.min(timeout));
+                let deadline = *deadline.get_or_insert(start + limit);
                 // Kept for a retry on another pod only when one can follow.
                 let keep =
                     replayable && retries_done < retries && picked.route().eligible().len() > 1;
@@ -1114,8 +1136,21 @@ impl Proxy {
                     Attempt::Response(response, sender, now) => {
                         let latency = now.saturating_duration_since(attempt_start);
                         let status = response.status().as_u16();
-                        let failure = picked.route().settings().failure_status.contains(status);
-                        let outcome = Outcome::Answered { latency, status };
+                        let code = grpc.then(|| grpc_status(&response)).flatten();
+                        let settings = picked.route().settings();
+                        let (outcome, failure) = match code {
+                            Some(code) => (
+                                Outcome::GrpcAnswered { latency, code },
+                                settings.grpc_failure_codes.contains(code),
+                            ),
+                            None => (
+                                Outcome::Answered { latency, status },
+                                settings.failure_status.contains(status),
+                            ),
+                        };
+                        if code.is_some() {
+                            service.grpc_status(code);
+                        }
                         self.record(&picked, &service, now, outcome, stall_start);
                         endpoint.upstream_duration(latency);
                         let (mut parts, body) = response.into_parts();
@@ -1137,6 +1172,8 @@ impl Proxy {
                             connection: self.pool.lease(picked.addr, sender),
                             picked,
                             metrics: endpoint,
+                            // Its status is still to come, in trailers.
+                            grpc: (grpc && code.is_none()).then(|| service.clone()),
                         };
                         return Response::from_parts(parts, ResponseBody::upstream(body, finish));
                     }
@@ -1200,18 +1237,20 @@ impl Proxy {
                             service = service.label(),
                             endpoint = %picked.endpoint().id,
                             %addr,
-                            ?timeout,
+                            timeout = ?limit,
                             "no response headers before the request timeout"
                         );
-                        let failure = Failure {
-                            status: StatusCode::GATEWAY_TIMEOUT,
-                            error: "upstream timeout",
-                            detail: format!(
-                                "no response headers within {timeout:?} (last endpoint tried: {})",
+                        let failure =
+                            Failure {
+                                status: StatusCode::GATEWAY_TIMEOUT,
+                                error: "upstream timeout",
+                                detail: format!(
+                                "no response headers within {limit:?}{} (last endpoint tried: {})",
+                                if limit < timeout { " (the call's grpc-timeout)" } else { "" },
                                 picked.endpoint().id
                             ),
-                            endpoint,
-                        };
+                                endpoint,
+                            };
                         return self.give_up(&service, failure, start);
                     }
                     Attempt::ClientBodyFailed(error) => {

@@ -102,6 +102,10 @@ pub enum H1Error {
     /// The response head is not HTTP/1.x.
     #[error("invalid response head: {0}")]
     Parse(httparse::Error),
+    /// The pod answered with an HTTP/2 frame: its port speaks HTTP/2 but is not declared
+    /// h2c.
+    #[error("the pod answered in HTTP/2: declare its port h2c (appProtocol kubernetes.io/h2c or grpc, or a port name grpc-*, h2c-*, http2-*)")]
+    Http2Answer,
     /// The response head is larger than [`MAX_HEAD_BYTES`].
     #[error("the response head is larger than {MAX_HEAD_BYTES} bytes")]
     HeadTooLarge,
@@ -155,6 +159,7 @@ impl H1Error {
         matches!(
             self,
             H1Error::Parse(_)
+                | H1Error::Http2Answer
                 | H1Error::HeadTooLarge
                 | H1Error::TooManyHeaders(_)
                 | H1Error::Status(_)
@@ -364,6 +369,10 @@ fn parse_head(
     head_request: bool,
 ) -> Result<Option<Head>, H1Error> {
     let max_headers = max_headers.max(1);
+    // No HTTP/1 status line starts with a zero byte; an HTTP/2 frame header does.
+    if buf.first() == Some(&0) && is_http2_frame(buf) {
+        return Err(H1Error::Http2Answer);
+    }
     loop {
         let Some(end) = head_end(buf) else {
             // Incomplete (rare: heads nearly always come in one read), but one that is
@@ -392,6 +401,14 @@ fn parse_head(
         }
         // An interim response (1xx): the final one follows.
     }
+}
+
+/// Whether `bytes` begin with an HTTP/2 frame header on stream 0 of the kinds a server
+/// sends first: SETTINGS (its preface), or GOAWAY (its answer to an HTTP/1.1 request).
+fn is_http2_frame(bytes: &[u8]) -> bool {
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    bytes.len() >= 9 && matches!(bytes[3], SETTINGS | GOAWAY) && bytes[5..9] == [0, 0, 0, 0]
 }
 
 fn parse_error(error: httparse::Error, max_headers: usize) -> H1Error {
@@ -1530,6 +1547,9 @@ mod tests {
             Err(H1Error::UnaskedSwitch)
         ));
         assert!(matches!(head(b"garbage\r\n\r\n"), Err(H1Error::Parse(_))));
+        // An HTTP/2 server's GOAWAY (after its SETTINGS) in answer to HTTP/1.1.
+        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert!(matches!(head(&goaway), Err(H1Error::Http2Answer)));
         assert!(matches!(
             head(b"HTTP/1.1 099 Low\r\n\r\n"),
             Err(H1Error::Status(99))

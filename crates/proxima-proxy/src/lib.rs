@@ -37,6 +37,7 @@ mod connect;
 mod forward;
 mod gate;
 mod give_way;
+mod grpc;
 mod h1;
 mod headers;
 mod metrics;

@@ -10,6 +10,7 @@
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
 //! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), or that the client gave up on (`abandoned`) |
+//! | `proxima_grpc_responses_total` | service, code | pods' answers to gRPC calls by `grpc-status` (`missing`: the answer ended without one, which gRPC clients take as INTERNAL) |
 //! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
@@ -333,6 +334,7 @@ struct Vecs {
     picks: IntCounterVec,
     probes: IntCounterVec,
     unanswered: IntCounterVec,
+    grpc: IntCounterVec,
 }
 
 /// A counter of one label set, created on first use (so that unused label sets do not
@@ -466,6 +468,12 @@ impl Metrics {
                 "proxima_retries_total",
                 "Extra attempts on another endpoint.",
                 &["service"],
+            )?,
+            grpc: counter_vec(
+                registry,
+                "proxima_grpc_responses_total",
+                "Answers to gRPC calls from pods, by grpc-status (`missing`: none).",
+                &["service", "code"],
             )?,
             retries_refused: counter_vec(
                 registry,
@@ -808,6 +816,18 @@ impl ServiceMetrics {
         self.count(&self.abandoned, &self.vecs.unanswered, &labels);
     }
 
+    /// A pod's answer to a gRPC call had `grpc-status` `code` (`None`: it had none).
+    pub(crate) fn grpc_status(&self, code: Option<u8>) {
+        let code = code.map_or_else(|| "missing".to_string(), |c| c.to_string());
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.retired.load(Ordering::Relaxed) {
+            self.vecs
+                .grpc
+                .with_label_values(&[&self.label, &code])
+                .inc();
+        }
+    }
+
     /// A retry the retry budget did not allow.
     pub(crate) fn retry_refused(&self) {
         self.count(
@@ -885,6 +905,12 @@ impl ServiceMetrics {
         }
         for code in ["400", "404", "503"] {
             let _ = metrics.requests.remove_label_values(&[s, "", code]);
+        }
+        for code in (0..=16)
+            .map(|c: u8| c.to_string())
+            .chain(["missing".to_string()])
+        {
+            let _ = metrics.grpc.remove_label_values(&[s, &code]);
         }
     }
 }

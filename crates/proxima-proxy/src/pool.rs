@@ -613,6 +613,9 @@ pub(crate) enum ConnectError {
     /// a graceful GOAWAY below the request's stream).
     #[error("the pod refused the request unprocessed: {0}")]
     Refused(hyper::Error),
+    /// A pod whose port is declared h2c did not begin HTTP/2 (no SETTINGS preface).
+    #[error("the pod does not speak HTTP/2, though its port is declared h2c (appProtocol or port name): {0}")]
+    NotHttp2(hyper::Error),
     /// A fresh connection broke before the request could be written.
     #[error("connection closed before the request was sent: {0}")]
     Closed(UpstreamError),

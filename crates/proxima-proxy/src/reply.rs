@@ -44,11 +44,7 @@ pub(crate) struct ProxyMade {
 /// Whether a request is a gRPC call: HTTP/2 with `content-type: application/grpc` (or
 /// `application/grpc+proto` and the like).
 pub(crate) fn is_grpc<B>(req: &http::Request<B>) -> bool {
-    req.version() == http::Version::HTTP_2
-        && req
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    req.version() == http::Version::HTTP_2 && crate::grpc::is_call(req.headers())
 }
 
 /// The gRPC status code for an error status of the proxy's own (gRPC's

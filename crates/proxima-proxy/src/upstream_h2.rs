@@ -72,6 +72,8 @@ struct H2Conn {
     /// The pod's `SETTINGS_MAX_CONCURRENT_STREAMS` (0 while unknown: until its SETTINGS
     /// are read, the limit its other connections learned).
     pod_limit: Arc<AtomicU32>,
+    /// Whether the pod's first frame was SETTINGS: it speaks HTTP/2.
+    spoke_h2: Arc<AtomicBool>,
     /// When its last stream ended, in nanoseconds since the pool's epoch.
     last_used: AtomicU64,
     epoch: Instant,
@@ -104,6 +106,14 @@ impl Seat {
         Self { conn: conn.clone() }
     }
 
+    /// Whether the pod has begun its side of HTTP/2 on this connection (its SETTINGS
+    /// preface). A request that failed before that was not processed: a server sends
+    /// its preface before anything else (RFC 9113 §3.4), and a pod that never does (an
+    /// HTTP/1.1 server behind a port declared h2c) cannot have understood the request.
+    pub(crate) fn pod_spoke_h2(&self) -> bool {
+        self.conn.spoke_h2.load(Ordering::Relaxed)
+    }
+
     /// The connection's sender: at once if it is open; otherwise after it opens, on the
     /// socket `connect` gives (the first seat's caller opens it, the others wait).
     pub(crate) async fn sender(
@@ -116,7 +126,7 @@ impl Seat {
             .sender
             .get_or_try_init(|| async {
                 let socket = connect.await?;
-                open(addr, socket, conn.pod_limit.clone())
+                open(addr, socket, conn.pod_limit.clone(), conn.spoke_h2.clone())
                     .await
                     .map_err(ConnectError::Handshake)
             })
@@ -146,8 +156,9 @@ async fn open(
     addr: SocketAddr,
     socket: TcpStream,
     pod_limit: Arc<AtomicU32>,
+    spoke_h2: Arc<AtomicBool>,
 ) -> Result<H2Sender, hyper::Error> {
-    let tap = SettingsTap::new(socket, pod_limit);
+    let tap = SettingsTap::new(socket, pod_limit, spoke_h2);
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(PING_INTERVAL)
@@ -202,6 +213,7 @@ impl H2Pool {
             failed: AtomicBool::new(false),
             open: AtomicU32::new(0),
             pod_limit: Arc::new(AtomicU32::new(known_limit)),
+            spoke_h2: Arc::new(AtomicBool::new(false)),
             last_used: AtomicU64::new(0),
             epoch: self.epoch,
         });
@@ -250,6 +262,7 @@ pub(crate) fn never_processed(error: &hyper::Error) -> bool {
 struct SettingsTap {
     stream: TcpStream,
     pod_limit: Arc<AtomicU32>,
+    spoke_h2: Arc<AtomicBool>,
     /// The first frame's bytes while it is being read; `None` once read.
     first: Option<Vec<u8>>,
 }
@@ -262,10 +275,11 @@ const MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const MAX_PREFACE: usize = 1024;
 
 impl SettingsTap {
-    fn new(stream: TcpStream, pod_limit: Arc<AtomicU32>) -> Self {
+    fn new(stream: TcpStream, pod_limit: Arc<AtomicU32>, spoke_h2: Arc<AtomicBool>) -> Self {
         Self {
             stream,
             pod_limit,
+            spoke_h2,
             first: Some(Vec::new()),
         }
     }
@@ -285,6 +299,7 @@ impl SettingsTap {
         if first.len() < FRAME_HEADER + length {
             return;
         }
+        self.spoke_h2.store(true, Ordering::Relaxed);
         if let Some(limit) = max_concurrent_streams(&first[FRAME_HEADER..FRAME_HEADER + length]) {
             // 0 would mean "no new streams"; the pool counts it as one at a time.
             self.pod_limit.store(limit.max(1), Ordering::Relaxed);
@@ -376,7 +391,8 @@ mod tests {
                 .await
                 .unwrap();
             let limit = Arc::new(AtomicU32::new(0));
-            let mut tap = SettingsTap::new(stream, limit.clone());
+            let spoke_h2 = Arc::new(AtomicBool::new(false));
+            let mut tap = SettingsTap::new(stream, limit.clone(), spoke_h2.clone());
             let mut rest = &frame[..];
             while !rest.is_empty() {
                 let (now, later) = rest.split_at(split.min(rest.len()));
@@ -384,6 +400,7 @@ mod tests {
                 rest = later;
             }
             assert_eq!(limit.load(Ordering::Relaxed), 7, "split {split}");
+            assert!(spoke_h2.load(Ordering::Relaxed));
             assert!(tap.first.is_none());
         }
     }
