@@ -143,6 +143,19 @@ async fn follows_the_api(hosts: Vec<IpAddr>) {
     k8s.slice_in("kube-system", "elsewhere-a", "elsewhere", &[elsewhere_pod])
         .await;
 
+    // A Service whose port is declared h2c: its pod (serving both) gets HTTP/2.
+    let h2_pod = Pod::new("h2-1", pods.hosts[12], "n1", "zone-a");
+    pods.start(&h2_pod, Duration::ZERO).await;
+    k8s.service_speaking(
+        "default",
+        "h2",
+        json!({}),
+        json!({"proxima.io/enabled": "true"}),
+        "kubernetes.io/h2c",
+    )
+    .await;
+    k8s.slice("h2-a", "h2", &[h2_pod]).await;
+
     let mut proxima = Proxima::start(
         cluster.kubeconfig(),
         "n1",
@@ -185,6 +198,17 @@ async fn follows_the_api(hosts: Vec<IpAddr>) {
     assert_eq!(port["app_protocol"], "http", "{port}");
     assert_eq!(port["protocol_from"], "service-app-protocol", "{port}");
     assert_eq!(port["protocol"], "http1", "{port}");
+    let reply = http.call(proxy, "h2").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains(r#""version":"HTTP/2.0""#),
+        "{}",
+        reply.body
+    );
+    let pool = http.pool(admin, "h2").await.expect("h2 in /debug/pools");
+    let port = &pool_endpoint(&pool, "h2-1").unwrap()["ports"][0];
+    assert_eq!(port["protocol"], "h2c", "{port}");
+    assert_eq!(port["app_protocol"], "kubernetes.io/h2c", "{port}");
 
     // Not opted in: not routed, although its pod is up.
     let reply = http.call(proxy, "plain").await;

@@ -446,6 +446,20 @@ impl Objects {
 
     /// A Service with labels and annotations in `namespace`.
     pub async fn service_in(&self, namespace: &str, name: &str, labels: Value, annotations: Value) {
+        // appProtocol as Kubernetes documents it for cleartext HTTP/1.1.
+        self.service_speaking(namespace, name, labels, annotations, "http")
+            .await;
+    }
+
+    /// A Service whose port declares `app_protocol`.
+    pub async fn service_speaking(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: Value,
+        annotations: Value,
+        app_protocol: &str,
+    ) {
         apply(
             &Api::<Service>::namespaced(self.client.clone(), namespace),
             name,
@@ -453,9 +467,8 @@ impl Objects {
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels,
                              "annotations": annotations},
-                // appProtocol as Kubernetes documents it for cleartext HTTP/1.1.
                 "spec": {"ports": [{"name": "http", "port": 80, "targetPort": POD_PORT,
-                                    "appProtocol": "http"}]},
+                                    "appProtocol": app_protocol}]},
             }),
         )
         .await;

@@ -46,9 +46,10 @@ use http_body::Frame;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
+
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::{TcpListener, TcpStream};
@@ -427,9 +428,12 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let service = service_fn(move |request| handle(shared.clone(), request));
-    let connection = http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service);
+    // HTTP/1.1, and HTTP/2 with prior knowledge (h2c) on the same port, as many real
+    // servers serve both (Go's h2c handler, tonic accepting HTTP/1.1): a pod emulates
+    // either kind of port.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(true);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -602,6 +606,7 @@ async fn json_echo(
     let echo = serde_json::json!({
         "backend": shared.name,
         "method": parts.method.as_str(),
+        "version": format!("{:?}", parts.version),
         "path": parts.uri.path(),
         "query": parts.uri.query().unwrap_or(""),
         "headers": headers,
