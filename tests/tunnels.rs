@@ -204,6 +204,39 @@ async fn tunnels_are_spread_over_the_pool_and_a_refused_pod_is_skipped() {
     assert_eq!(proxy.metric("proxima_tunnels_open"), 12.0);
 }
 
+/// Open a tunnel and file it under the pod that answered (`pod-a` first).
+async fn open_on_some_pod(proxy: &TestProxy, by_pod: &mut [Vec<Client>; 2]) {
+    let (mut ws, _) = connect(proxy).await.expect("handshake");
+    let echo = round_trip(&mut ws, Message::text("hi")).await;
+    let pod = usize::from(echo.into_text().expect("text").starts_with("pod-b"));
+    by_pod[pod].push(ws);
+}
+
+/// Tunnels hold their pods until they close: new ones go to the pool member with the
+/// fewest open, so pods stay level when some tunnels close sooner than others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_tunnels_go_to_the_pod_with_the_fewest_open() {
+    let (a, b) = (websocket_pod("pod-a").await, websocket_pod("pod-b").await);
+    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-a", a), ("pod-b", b)]).await;
+    let idle = || in_flight(&proxy.router, "pod-a") + in_flight(&proxy.router, "pod-b") == 0;
+    eventually("first probes done", PATIENCE, idle).await;
+    let mut by_pod: [Vec<Client>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..8 {
+        open_on_some_pod(&proxy, &mut by_pod).await;
+    }
+    assert_eq!([by_pod[0].len(), by_pod[1].len()], [4, 4]);
+    // Three of pod-a's close; the next three all go to pod-a.
+    by_pod[0].truncate(1);
+    eventually("pod-a's closed tunnels released", PATIENCE, || {
+        in_flight(&proxy.router, "pod-a") == 1
+    })
+    .await;
+    for _ in 0..3 {
+        open_on_some_pod(&proxy, &mut by_pod).await;
+    }
+    assert_eq!([by_pod[0].len(), by_pod[1].len()], [4, 4]);
+}
+
 /// Send `request` to `addr` and read the answer's head (up to the blank line).
 async fn head_of(addr: SocketAddr, request: &str) -> String {
     within("answer", async {

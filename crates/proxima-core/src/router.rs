@@ -654,13 +654,53 @@ impl Router {
                 Some(cache) if std::ptr::eq(cache.arc_swap(), &*self.table) => cache,
                 other => other.insert(Cache::new(self.table.clone())),
             };
-            Some(self.pick_in(cache.load(), Some(routes), service, port, now, rng, exclude))
+            Some(self.pick_in(
+                cache.load(),
+                Some(routes),
+                service,
+                port,
+                now,
+                rng,
+                exclude,
+                false,
+            ))
         });
         match cached {
             Ok(Some(picked)) => picked,
             // The thread is exiting (its cache is gone) or the cache is in use.
-            _ => self.pick_in(&self.table.load(), None, service, port, now, rng, exclude),
+            _ => self.pick_in(
+                &self.table.load(),
+                None,
+                service,
+                port,
+                now,
+                rng,
+                exclude,
+                false,
+            ),
         }
+    }
+
+    /// [`pick`](Self::pick) for a long-lived exchange (a tunnel), by the strategy's
+    /// [`Strategy::pick_long_lived`]. Rare next to requests: no per-thread cache.
+    pub fn pick_long_lived(
+        &self,
+        service: &ServiceKey,
+        port: Option<PortRef<'_>>,
+        now: Instant,
+        rng: &mut dyn RngCore,
+        exclude: &[EndpointId],
+    ) -> Result<Picked, PickError> {
+        self.pick_in(
+            &self.table.load(),
+            None,
+            service,
+            port,
+            now,
+            rng,
+            exclude,
+            true,
+        )
     }
 
     // Inlined into both of `pick`'s paths (cached table, plain load), so that the hot one
@@ -676,6 +716,7 @@ impl Router {
         now: Instant,
         rng: &mut dyn RngCore,
         exclude: &[EndpointId],
+        long_lived: bool,
     ) -> Result<Picked, PickError> {
         let route = table
             .services
@@ -684,7 +725,7 @@ impl Router {
         let port = resolve_port_slot(route, port)?;
         // The first try of a request excludes nothing: no list to build.
         let mut excluded: Vec<usize> = if exclude.is_empty() {
-            let choice = self.choose(table, route, now, rng, &[])?;
+            let choice = self.choose(table, route, now, rng, &[], long_lived)?;
             match route.addr(port, choice.index) {
                 Some(target) => return Ok(self.picked(route, stash, choice, target, now)),
                 None => vec![choice.index],
@@ -697,7 +738,7 @@ impl Router {
         // as one of these tries).
         let tries = route.endpoints.len() + 1;
         for _ in usize::from(exclude.is_empty())..tries {
-            let choice = self.choose(table, route, now, rng, &excluded)?;
+            let choice = self.choose(table, route, now, rng, &excluded, long_lived)?;
             match route.addr(port, choice.index) {
                 Some(target) => return Ok(self.picked(route, stash, choice, target, now)),
                 None => excluded.push(choice.index),
@@ -715,6 +756,7 @@ impl Router {
         now: Instant,
         rng: &mut dyn RngCore,
         excluded: &[usize],
+        long_lived: bool,
     ) -> Result<Choice, PickError> {
         let ctx = PickContext {
             route: route.route(),
@@ -724,9 +766,12 @@ impl Router {
             environment: &table.environment,
             exclude: excluded,
         };
-        route
-            .strategy
-            .pick(&ctx, rng)
+        let choice = if long_lived {
+            route.strategy.pick_long_lived(&ctx, rng)
+        } else {
+            route.strategy.pick(&ctx, rng)
+        };
+        choice
             .or_else(|| {
                 route
                     .strategy

@@ -76,6 +76,15 @@ thread_local! {
     static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
 }
 
+/// Run `pick` with the thread's randomness (or a fresh one, if a pick is already
+/// drawing from it).
+fn with_rng<R>(pick: impl FnOnce(&mut SmallRng) -> R) -> R {
+    RNG.with(|rng| match rng.try_borrow_mut() {
+        Ok(mut rng) => pick(&mut rng),
+        Err(_) => pick(&mut SmallRng::from_entropy()),
+    })
+}
+
 /// The service a request names, resolved when the request arrived (see `server.rs`).
 #[derive(Debug)]
 pub(crate) struct Target {
@@ -829,12 +838,18 @@ impl Proxy {
         now: Instant,
         exclude: &[EndpointId],
     ) -> Result<Picked, PickError> {
-        RNG.with(|rng| match rng.try_borrow_mut() {
-            Ok(mut rng) => self.router.pick(key, port, now, &mut *rng, exclude),
-            Err(_) => self
-                .router
-                .pick(key, port, now, &mut SmallRng::from_entropy(), exclude),
-        })
+        with_rng(|rng| self.router.pick(key, port, now, rng, exclude))
+    }
+
+    /// [`Proxy::pick`] for a tunnel (`Router::pick_long_lived`).
+    pub(crate) fn pick_long_lived(
+        &self,
+        key: &ServiceKey,
+        port: Option<PortRef<'_>>,
+        now: Instant,
+        exclude: &[EndpointId],
+    ) -> Result<Picked, PickError> {
+        with_rng(|rng| self.router.pick_long_lived(key, port, now, rng, exclude))
     }
 
     /// Count and log a QoS-pool membership change.

@@ -172,7 +172,7 @@ impl Proxy {
         let mut tried: Vec<EndpointId> = Vec::new();
         let mut last_failure = None;
         loop {
-            let picked = match self.pick(key, port, Instant::now(), &tried) {
+            let picked = match self.pick_long_lived(key, port, Instant::now(), &tried) {
                 Ok(picked) => picked,
                 Err(error) => return self.no_pod_for_tunnel(key, error, last_failure, start),
             };

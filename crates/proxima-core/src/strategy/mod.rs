@@ -273,6 +273,14 @@ pub trait Strategy: Send + Sync + fmt::Debug {
     /// Pick an endpoint among [`PickContext::candidates`], or `None` when there is none.
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice>;
 
+    /// Pick an endpoint for a long-lived exchange (a WebSocket or other tunnel), which
+    /// holds its endpoint for as long as it is open: the same as `pick` unless the
+    /// strategy keeps a notion of load to level (the QoS pool: the member with the
+    /// fewest open exchanges).
+    fn pick_long_lived(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
+        self.pick(ctx, rng)
+    }
+
     /// Whether endpoints evicted from the QoS pool need background probes to come back
     /// (strategies that never send them traffic otherwise).
     fn probes_evicted(&self) -> bool {

@@ -108,6 +108,36 @@ impl Strategy for QosPool {
         }
     }
 
+    /// Least open among the usable pool members (ties at random): a tunnel holds its
+    /// pod until it closes, so evenly *opened* tunnels (the stride rule) drift apart as
+    /// some close sooner than others; leveling the ones *open* keeps them even. The
+    /// in-flight count is what an open tunnel holds (with any plain requests, which on a
+    /// pod carrying tunnels are the smaller part). No stride charge: a tunnel is not a
+    /// request's share. With no usable member, as `pick` (the fallback).
+    fn pick_long_lived(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
+        let least = ctx.route.read_pool(|pool| {
+            let usable: Vec<(usize, u32)> = pool
+                .iter()
+                .filter(|&i| ctx.usable(i))
+                .map(|i| (i, ctx.route.state(i).in_flight()))
+                .collect();
+            let fewest = usable.iter().map(|&(_, open)| open).min()?;
+            let level: Vec<usize> = usable
+                .iter()
+                .filter(|&&(_, open)| open == fewest)
+                .map(|&(i, _)| i)
+                .collect();
+            Some(level[rng.gen_range(0..level.len())])
+        });
+        match least {
+            Some(index) => Some(Choice {
+                index,
+                reason: Reason::Pool,
+            }),
+            None => self.pick(ctx, rng),
+        }
+    }
+
     fn probes_evicted(&self) -> bool {
         true
     }
