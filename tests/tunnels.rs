@@ -104,7 +104,10 @@ async fn handshake(proxy: &TestProxy, stream: TcpStream) -> Handshake {
 }
 
 /// Send `message` and return the pod's answer.
-async fn round_trip(ws: &mut Client, message: Message) -> Message {
+async fn round_trip<S>(ws: &mut WebSocketStream<S>, message: Message) -> Message
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     ws.send(message).await.expect("send");
     within("echo", ws.next())
         .await
@@ -470,4 +473,51 @@ async fn a_connection_that_served_plain_requests_can_then_switch() {
         .expect("switched on a used connection");
     let echo = round_trip(&mut ws, Message::text("after two requests")).await;
     assert_eq!(echo, Message::text("pod-0: after two requests"));
+}
+
+/// RFC 8441: an HTTP/2 client opens a WebSocket with extended CONNECT; the pod gets the
+/// HTTP/1.1 handshake and its `101` reaches the client as `200`; messages then travel
+/// on the client's HTTP/2 stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_opens_a_websocket_with_extended_connect() {
+    use hyper::client::conn::http2;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    let pod = websocket_pod("pod-a").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-a", pod)]).await;
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut connect = http::Request::connect("http://ws.shop/chat")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    connect
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut response = within("extended CONNECT", sender.send_request(connect))
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), http::StatusCode::OK, "{response:?}");
+    assert!(!response.headers().contains_key("sec-websocket-accept"));
+    assert!(response.headers().contains_key("x-seen-forwarded-for"));
+    let upgraded = hyper::upgrade::on(&mut response).await.expect("stream");
+    let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    for i in 0..3 {
+        let echo = round_trip(&mut ws, Message::text(format!("over h2 {i}"))).await;
+        assert_eq!(
+            echo.into_text().expect("text"),
+            format!("pod-a: over h2 {i}")
+        );
+    }
+    assert_eq!(in_flight(&proxy.router, "pod-a"), 1);
+    assert_eq!(proxy.metric("proxima_tunnels_open"), 1.0);
+    drop(ws);
+    eventually("tunnel closed", PATIENCE, || {
+        in_flight(&proxy.router, "pod-a") == 0
+    })
+    .await;
 }

@@ -1042,22 +1042,20 @@ impl Proxy {
                     );
                 }
             };
+            let port = split_port(target.raw.to_str().unwrap_or_default(), target.source)
+                .ok()
+                .and_then(|(_, port)| port);
+            let key = &*target.key;
+            if let Some(asked) = crate::tunnel::asked(&req) {
+                return self.tunnel(req, key, port, asked, &client_ip, start).await;
+            }
             if req.method() == Method::CONNECT {
                 return self.refuse(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "method not allowed",
                     &target.key.to_string(),
-                    "CONNECT tunnels are not supported",
+                    "CONNECT tunnels are not supported (HTTP/2 extended CONNECT is, RFC 8441)",
                 );
-            }
-            let port = split_port(target.raw.to_str().unwrap_or_default(), target.source)
-                .ok()
-                .and_then(|(_, port)| port);
-            let key = &*target.key;
-            if let Some(protocols) = crate::tunnel::asked(&req) {
-                return self
-                    .tunnel(req, key, port, protocols, &client_ip, start)
-                    .await;
             }
             let client_version = req.version();
             let grpc = crate::grpc::is_call(req.headers());

@@ -113,6 +113,8 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
         .max_buf_size(buffer);
     builder
         .http2()
+        // HTTP/2 clients may open WebSockets with extended CONNECT (RFC 8441).
+        .enable_connect_protocol()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(buffer).unwrap_or(u32::MAX));
     builder

@@ -30,16 +30,23 @@
 //! `Upgrade` dropped (when other protocols are offered too, `h2c` is struck from the
 //! list).
 //!
-//! The client's HTTP/2 extended CONNECT (RFC 8441) is not offered: HTTP/2 clients reach
-//! WebSocket pods over HTTP/1.1 only.
+//! **HTTP/2 clients** open WebSockets with extended CONNECT (RFC 8441: `CONNECT` with
+//! `:protocol websocket`; the proxy's HTTP/2 server offers
+//! `SETTINGS_ENABLE_CONNECT_PROTOCOL`). The pod gets the HTTP/1.1 handshake RFC 6455
+//! asks for (`GET` with `Upgrade`, and a `Sec-WebSocket-Key` of the proxy's own, since
+//! RFC 8441 §5 has none), and its `101` becomes the client's `200`, without
+//! `Sec-WebSocket-Accept`; the tunnel is the client's HTTP/2 stream from then on, under
+//! the same rules as above.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, UPGRADE};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE,
+};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::upgrade::OnUpgrade;
@@ -62,16 +69,37 @@ pub(crate) const MAX_DECLINED_BODY: usize = 64 * 1024;
 /// How often an open tunnel checks that its pod is still in discovery.
 const REMOVAL_CHECK: Duration = Duration::from_secs(1);
 
-/// The protocols a request asks to upgrade to, `h2c` struck out (see the module docs);
-/// `None` when it asks for none, or for `h2c` alone.
-pub(crate) fn asked<B>(req: &Request<B>) -> Option<HeaderValue> {
+/// A tunnel a client asked for: the protocols, and how it asked.
+pub(crate) struct Asked {
+    protocols: HeaderValue,
+    via: Via,
+}
+
+/// How a client asks for a tunnel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    /// HTTP/1.1 `Upgrade` (answered `101`).
+    Upgrade,
+    /// HTTP/2 extended CONNECT, RFC 8441 (answered `200`).
+    ExtendedConnect,
+}
+
+/// The tunnel a request asks for: the protocols of its `Upgrade`, `h2c` struck out (see
+/// the module docs), or the `:protocol` of an extended CONNECT; `None` when it asks for
+/// none, or for `h2c` alone.
+pub(crate) fn asked<B>(req: &Request<B>) -> Option<Asked> {
     // hyper marks the requests that ask for an upgrade (the proxy's own loop hands
-    // them all to hyper): every other request is through with one look at an empty
-    // extension map, no header lookup.
-    if req.extensions().get::<OnUpgrade>().is_none()
-        || req.version() != Version::HTTP_11
-        || !connection_has_upgrade(req.headers())
-    {
+    // them all to hyper) and HTTP/2 CONNECTs: every other request is through with one
+    // look at an empty extension map, no header lookup.
+    req.extensions().get::<OnUpgrade>()?;
+    if req.version() == Version::HTTP_2 && req.method() == Method::CONNECT {
+        let protocol = req.extensions().get::<hyper::ext::Protocol>()?;
+        return Some(Asked {
+            protocols: HeaderValue::from_str(protocol.as_str()).ok()?,
+            via: Via::ExtendedConnect,
+        });
+    }
+    if req.version() != Version::HTTP_11 || !connection_has_upgrade(req.headers()) {
         return None;
     }
     let offered: Vec<&str> = req
@@ -86,7 +114,10 @@ pub(crate) fn asked<B>(req: &Request<B>) -> Option<HeaderValue> {
     if offered.is_empty() {
         return None;
     }
-    HeaderValue::from_str(&offered.join(", ")).ok()
+    Some(Asked {
+        protocols: HeaderValue::from_str(&offered.join(", ")).ok()?,
+        via: Via::Upgrade,
+    })
 }
 
 /// Whether `Connection` carries the `upgrade` option.
@@ -137,12 +168,14 @@ impl Proxy {
         mut req: Request<RequestBody>,
         key: &ServiceKey,
         port: Option<PortRef<'_>>,
-        protocols: HeaderValue,
+        asked: Asked,
         client_ip: &HeaderValue,
         start: Instant,
     ) -> Response<ResponseBody> {
+        let Asked { protocols, via } = asked;
         let name = key.to_string();
-        if !req.body().is_end_stream() {
+        // An extended CONNECT's stream is the tunnel, not a body.
+        if via == Via::Upgrade && !req.body().is_end_stream() {
             return self.refuse_upgrade(
                 StatusCode::BAD_REQUEST,
                 &name,
@@ -168,7 +201,7 @@ impl Proxy {
                 ),
             );
         };
-        let head = upstream_head(&req, &protocols, client_ip);
+        let head = upstream_head(&req, &protocols, client_ip, via);
         let mut tried: Vec<EndpointId> = Vec::new();
         let mut last_failure = None;
         loop {
@@ -180,7 +213,7 @@ impl Proxy {
             service.pick(picked.reason);
             match self.handshake(&picked, &service, &head, &protocols).await {
                 Ok((response, pod_side)) => {
-                    let answer = client_answer(&response);
+                    let answer = client_answer(&response, via);
                     tokio::spawn(
                         self.clone()
                             .run(picked, service, client_side, pod_side, seat),
@@ -447,8 +480,17 @@ fn upstream_head(
     req: &Request<RequestBody>,
     protocols: &HeaderValue,
     client_ip: &HeaderValue,
+    via: Via,
 ) -> Request<()> {
     let mut headers = req.headers().clone();
+    let mut method = req.method().clone();
+    if via == Via::ExtendedConnect {
+        // RFC 8441 §5: the HTTP/1.1 handshake of RFC 6455 §4.1.
+        method = Method::GET;
+        if protocols.as_bytes().eq_ignore_ascii_case(b"websocket") {
+            headers.insert(SEC_WEBSOCKET_KEY, websocket_key());
+        }
+    }
     strip_hop_by_hop(&mut headers);
     add_forwarded(&mut headers, client_ip);
     if !headers.contains_key(HOST) {
@@ -466,7 +508,7 @@ fn upstream_head(
         .path_and_query()
         .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
     let mut head = Request::new(());
-    *head.method_mut() = req.method().clone();
+    *head.method_mut() = method;
     *head.uri_mut() = uri;
     *head.headers_mut() = headers;
     head
@@ -480,10 +522,19 @@ fn with_empty_body(head: &Request<()>) -> Request<Empty<Bytes>> {
     req
 }
 
-/// The `101` the client gets: the pod's fields less hop-by-hop ones, with the pod's
-/// `Upgrade` and `Connection: upgrade`.
-fn client_answer(pod: &Response<hyper::body::Incoming>) -> Response<ResponseBody> {
+/// The answer the client gets to the pod's `101`: over HTTP/1.1 a `101` with the pod's
+/// fields less hop-by-hop ones, with the pod's `Upgrade` and `Connection: upgrade`; to
+/// an extended CONNECT a `200` with those fields less `Upgrade` and
+/// `Sec-WebSocket-Accept` (RFC 8441 §5).
+fn client_answer(pod: &Response<hyper::body::Incoming>, via: Via) -> Response<ResponseBody> {
     let mut headers = pod.headers().clone();
+    if via == Via::ExtendedConnect {
+        strip_hop_by_hop(&mut headers);
+        headers.remove(SEC_WEBSOCKET_ACCEPT);
+        let mut answer = Response::new(ResponseBody::full(Bytes::new()));
+        *answer.headers_mut() = headers;
+        return answer;
+    }
     let upgrade: Vec<HeaderValue> = headers.get_all(UPGRADE).iter().cloned().collect();
     strip_hop_by_hop(&mut headers);
     for value in upgrade {
@@ -494,6 +545,32 @@ fn client_answer(pod: &Response<hyper::body::Incoming>) -> Response<ResponseBody
     *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *answer.headers_mut() = headers;
     answer
+}
+
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes in base64 (RFC 6455 §4.1).
+fn websocket_key() -> HeaderValue {
+    base64_key(rand::random())
+}
+
+/// `nonce` in base64, as a `Sec-WebSocket-Key` (24 characters, 2 of padding).
+fn base64_key(nonce: [u8; 16]) -> HeaderValue {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut key = Vec::with_capacity(24);
+    for chunk in nonce.chunks(3) {
+        let bits = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |bits, (i, &b)| bits | u32::from(b) << (16 - 8 * i));
+        let digits = chunk.len() + 1;
+        for i in 0..4 {
+            key.push(if i < digits {
+                ALPHABET[(bits >> (18 - 6 * i) & 63) as usize]
+            } else {
+                b'='
+            });
+        }
+    }
+    HeaderValue::from_bytes(&key).expect("base64 is a valid header value")
 }
 
 /// A pod's answer that declines the upgrade, to pass on (see the module docs).
@@ -543,5 +620,17 @@ async fn idled_out(started: Instant, activity: &AtomicU64, idle: Duration) {
             return;
         }
         tokio::time::sleep_until(until.into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn websocket_keys_are_base64_of_sixteen_bytes() {
+        // RFC 6455 §1.3's example nonce.
+        assert_eq!(base64_key(*b"the sample nonce"), "dGhlIHNhbXBsZSBub25jZQ==");
+        assert_eq!(websocket_key().len(), 24);
     }
 }
