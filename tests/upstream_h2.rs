@@ -338,3 +338,146 @@ async fn a_grpc_answer_without_grpc_status_is_passed_on_and_counted() {
         1.0
     );
 }
+
+/// An h2c pod (hyper) that shuts each connection down gracefully (GOAWAY, RFC 9113
+/// §6.8) once `after` requests have arrived on it, answering each after 20 ms: streams
+/// it took are answered, streams that cross its GOAWAY are refused unprocessed.
+async fn leaving_pod(after: usize) -> H2Pod {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let arrived = Arc::new(AtomicUsize::new(0));
+            let leave = Arc::new(tokio::sync::Notify::new());
+            let (seen, told) = (arrived.clone(), leave.clone());
+            let service = service_fn(move |req: Request<Incoming>| {
+                if seen.fetch_add(1, Ordering::SeqCst) + 1 == after {
+                    told.notify_one();
+                }
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                        b"leaving: answered",
+                    ))))
+                }
+            });
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    () = leave.notified() => conn.as_mut().graceful_shutdown(),
+                }
+                let _ = conn.await;
+            });
+        }
+    });
+    H2Pod { addr, connections }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_goaway_fails_no_request() {
+    let leaving = leaving_pod(5).await;
+    let pod = h2_pod("pod-b", 100, Duration::from_millis(5)).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("retries", "2")]),
+        vec![
+            h2c_endpoint("leaving", leaving.addr),
+            h2c_endpoint("pod-b", pod.addr),
+        ],
+    )])
+    .await;
+    let client = h2c_client();
+    // Many at once, so that streams cross the GOAWAY on the leaving pod's connections.
+    for _ in 0..3 {
+        let calls = (0..40).map(|_| {
+            let (client, request) = (client.clone(), post(&proxy, "payload"));
+            async move { send(&client, request).await }
+        });
+        for reply in futures_util::future::join_all(calls).await {
+            assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        }
+    }
+    // Its connections went away in turn, and new ones took their place.
+    assert!(leaving.connections.load(Ordering::SeqCst) >= 2);
+}
+
+/// A pod speaking raw HTTP/2 frames that answers the first request it sees with a
+/// GOAWAY whose last stream id is 0: it processed none of them (RFC 9113 §6.8). Counts
+/// the requests it turned away.
+async fn goaway_at_once_pod() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    const SETTINGS_ACK: [u8; 9] = [0, 0, 0, 4, 1, 0, 0, 0, 0];
+    const GOAWAY_NONE_PROCESSED: [u8; 17] = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    let turned_away = Arc::new(AtomicUsize::new(0));
+    let counted = turned_away.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut preface = [0u8; 24];
+                if stream.read_exact(&mut preface).await.is_err() {
+                    return;
+                }
+                let _ = stream.write_all(&SETTINGS).await;
+                let mut header = [0u8; 9];
+                while stream.read_exact(&mut header).await.is_ok() {
+                    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
+                    let mut payload = vec![0u8; length as usize];
+                    if stream.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                    match (header[3], header[4] & 1) {
+                        (4, 0) => {
+                            let _ = stream.write_all(&SETTINGS_ACK).await;
+                        }
+                        (1, _) => {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            let _ = stream.write_all(&GOAWAY_NONE_PROCESSED).await;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            return;
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (addr, turned_away)
+}
+
+#[tokio::test]
+async fn requests_above_a_pods_goaway_go_to_another_pod_with_their_body() {
+    let (leaving, turned_away) = goaway_at_once_pod().await;
+    let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("retries", "2")]),
+        vec![
+            h2c_endpoint("leaving", leaving),
+            h2c_endpoint("pod-b", pod.addr),
+        ],
+    )])
+    .await;
+    let client = h2c_client();
+    for _ in 0..10 {
+        let reply = send(&client, post(&proxy, "payload")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        let seen = String::from_utf8_lossy(&reply.body);
+        assert!(
+            seen.starts_with("pod-b:") && seen.ends_with("body=payload"),
+            "{seen}"
+        );
+    }
+    assert!(
+        turned_away.load(Ordering::SeqCst) >= 1,
+        "the leaving pod was never tried"
+    );
+}
