@@ -481,3 +481,111 @@ async fn requests_above_a_pods_goaway_go_to_another_pod_with_their_body() {
         "the leaving pod was never tried"
     );
 }
+
+/// A TCP relay to `target` whose open connections can be frozen: nothing passes on them
+/// either way any more, and nothing closes (a pod gone silent: its node lost, the
+/// network cut). Connections opened after a freeze pass.
+struct Relay {
+    addr: SocketAddr,
+    /// Connections numbered below this are frozen.
+    frozen_below: Arc<AtomicUsize>,
+    opened: Arc<AtomicUsize>,
+}
+
+impl Relay {
+    async fn to(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind(loopback()).await.expect("bind relay");
+        let addr = listener.local_addr().expect("relay addr");
+        let (frozen_below, opened) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (frozen, count) = (frozen_below.clone(), opened.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(pod) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let number = count.fetch_add(1, Ordering::SeqCst);
+                let (client_read, client_write) = client.into_split();
+                let (pod_read, pod_write) = pod.into_split();
+                tokio::spawn(relay_one_way(
+                    client_read,
+                    pod_write,
+                    number,
+                    frozen.clone(),
+                ));
+                tokio::spawn(relay_one_way(
+                    pod_read,
+                    client_write,
+                    number,
+                    frozen.clone(),
+                ));
+            }
+        });
+        Self {
+            addr,
+            frozen_below,
+            opened,
+        }
+    }
+
+    /// Freeze every connection open now.
+    fn freeze(&self) {
+        self.frozen_below
+            .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+async fn relay_one_way(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    number: usize,
+    frozen_below: Arc<AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let Ok(n) = from.read(&mut buf).await else {
+            return;
+        };
+        if number < frozen_below.load(Ordering::SeqCst) {
+            // Hold both halves open, passing nothing.
+            std::future::pending::<()>().await;
+        }
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_to_a_pod_gone_silent_is_found_dead_by_its_pings() {
+    let pod = h2_pod("pod-a", 100, Duration::ZERO).await;
+    let relay = Relay::to(pod.addr).await;
+    let config = ProxyConfig {
+        h2_ping_interval: Duration::from_millis(200),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start_with(
+        config,
+        vec![(
+            service("shop", "api", &[], &[("timeout", "3s")]),
+            vec![h2c_endpoint("pod-a", relay.addr)],
+        )],
+    )
+    .await;
+    let client = h2c_client();
+    let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    relay.freeze();
+    // An unanswered ping (200 ms, then 200 ms to answer) closes the frozen connection;
+    // the next request takes a new one instead of waiting out its timeout on it.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let started = std::time::Instant::now();
+    let reply = get(&client, &proxy.url("/"), &[("x-service", "api.shop")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(relay.opened.load(Ordering::SeqCst), 2);
+}

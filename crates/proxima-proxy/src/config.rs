@@ -60,6 +60,9 @@ pub struct ProxyConfig {
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` says so); beyond it another connection is
     /// opened (`upstream_h2.rs`). Default 100.
     pub h2_max_streams: u32,
+    /// How often each HTTP/2 connection to a pod pings it; one unanswered for 5 s (or
+    /// this, if shorter) closes the connection. Default 10 s.
+    pub h2_ping_interval: Duration,
     /// An upgraded connection (a WebSocket) on which no byte moves either way for this
     /// long is closed (`tunnel.rs`). Default 5 minutes.
     pub tunnel_idle_timeout: Duration,
@@ -103,6 +106,7 @@ impl Default for ProxyConfig {
             client_idle_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
             h2_max_streams: 100,
+            h2_ping_interval: Duration::from_secs(10),
             tunnel_idle_timeout: Duration::from_secs(300),
             tunnel_removed_grace: Duration::from_secs(10),
             max_client_connections: 4096,

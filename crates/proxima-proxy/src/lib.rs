@@ -122,7 +122,7 @@ impl Proxy {
             config.upstream_bind,
             config.max_response_headers,
             metrics.pool(),
-            config.h2_max_streams,
+            (config.h2_max_streams, config.h2_ping_interval),
         ));
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, &router);

@@ -296,10 +296,10 @@ impl ConnPool {
         bind: Option<IpAddr>,
         max_response_headers: usize,
         metrics: PoolMetrics,
-        h2_max_streams: u32,
+        h2: (u32, Duration),
     ) -> Self {
         Self {
-            h2: H2Pool::new(h2_max_streams, idle_timeout),
+            h2: H2Pool::new(h2.0, h2.1, idle_timeout),
             lists: Mutex::new(Lists::default()),
             bounds,
             idle_timeout,
@@ -671,7 +671,7 @@ mod tests {
             None,
             100,
             metrics.pool(),
-            100,
+            (100, Duration::from_secs(10)),
         ))
     }
 

@@ -13,9 +13,12 @@
 //! * **Flow control end to end.** hyper's client gives window back to the pod only as
 //!   the client of the proxy takes the data, and sends the request body only as the pod
 //!   grants window, so a slow side slows the other rather than filling the proxy.
-//! * **Dead connections.** Each connection pings the pod every [`PING_INTERVAL`], idle
-//!   or not, and is closed if no answer comes in [`PING_TIMEOUT`]; a connection with no
-//!   open stream for the pool's idle timeout is closed by [`H2Pool::sweep`].
+//! * **Dead connections.** Each connection pings the pod every
+//!   `--upstream-h2-ping-interval` (10 s), idle or not, and is closed if no answer comes
+//!   in [`PING_TIMEOUT`] (or the interval, if shorter): a pod that vanished without a
+//!   FIN or RST (node lost, network cut) takes no more requests after that, rather than
+//!   every request sent on it waiting for its timeout. A connection with no open stream
+//!   for the pool's idle timeout is closed by [`H2Pool::sweep`].
 //! * **GOAWAY.** A connection that received GOAWAY takes no new requests (hyper marks
 //!   it closed). Requests the pod never processed (stream ids above the GOAWAY's last
 //!   stream id, and streams refused with `REFUSED_STREAM`) fail with errors that
@@ -41,10 +44,9 @@ use tokio::sync::OnceCell;
 use crate::pool::ConnectError;
 use crate::request_body::RequestBody;
 
-/// How often a connection pings its pod.
-pub(crate) const PING_INTERVAL: Duration = Duration::from_secs(10);
-/// How long a ping may go unanswered before the connection is closed.
-pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a ping may go unanswered before its connection is closed (at most the
+/// ping interval).
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Streams per connection before the pod's SETTINGS arrive (as hyper's client).
 const DEFAULT_STREAMS: u32 = 100;
 
@@ -57,6 +59,8 @@ pub(crate) struct H2Pool {
     conns: Mutex<HashMap<SocketAddr, Vec<Arc<H2Conn>>>>,
     /// `--upstream-h2-max-streams`.
     max_streams: u32,
+    /// `--upstream-h2-ping-interval`.
+    ping_interval: Duration,
     idle_timeout: Duration,
     epoch: Instant,
 }
@@ -77,6 +81,7 @@ struct H2Conn {
     /// When its last stream ended, in nanoseconds since the pool's epoch.
     last_used: AtomicU64,
     epoch: Instant,
+    ping_interval: Duration,
 }
 
 impl H2Conn {
@@ -126,7 +131,8 @@ impl Seat {
             .sender
             .get_or_try_init(|| async {
                 let socket = connect.await?;
-                open(addr, socket, conn.pod_limit.clone(), conn.spoke_h2.clone())
+                let taps = (conn.pod_limit.clone(), conn.spoke_h2.clone());
+                open(addr, socket, taps, conn.ping_interval)
                     .await
                     .map_err(ConnectError::Handshake)
             })
@@ -155,14 +161,14 @@ impl Drop for Seat {
 async fn open(
     addr: SocketAddr,
     socket: TcpStream,
-    pod_limit: Arc<AtomicU32>,
-    spoke_h2: Arc<AtomicBool>,
+    (pod_limit, spoke_h2): (Arc<AtomicU32>, Arc<AtomicBool>),
+    ping_interval: Duration,
 ) -> Result<H2Sender, hyper::Error> {
     let tap = SettingsTap::new(socket, pod_limit, spoke_h2);
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .keep_alive_interval(PING_INTERVAL)
-        .keep_alive_timeout(PING_TIMEOUT)
+        .keep_alive_interval(ping_interval)
+        .keep_alive_timeout(PING_TIMEOUT.min(ping_interval))
         .keep_alive_while_idle(true)
         .handshake(TokioIo::new(tap))
         .await?;
@@ -175,10 +181,11 @@ async fn open(
 }
 
 impl H2Pool {
-    pub(crate) fn new(max_streams: u32, idle_timeout: Duration) -> Self {
+    pub(crate) fn new(max_streams: u32, ping_interval: Duration, idle_timeout: Duration) -> Self {
         Self {
             conns: Mutex::new(HashMap::new()),
             max_streams: max_streams.max(1),
+            ping_interval: ping_interval.max(Duration::from_millis(1)),
             idle_timeout,
             epoch: Instant::now(),
         }
@@ -216,6 +223,7 @@ impl H2Pool {
             spoke_h2: Arc::new(AtomicBool::new(false)),
             last_used: AtomicU64::new(0),
             epoch: self.epoch,
+            ping_interval: self.ping_interval,
         });
         let seat = Seat::take(&conn);
         list.push(conn);

@@ -370,6 +370,17 @@ pub struct ProxyArgs {
     )]
     pub upstream_h2_max_streams: u32,
 
+    /// How often each HTTP/2 connection to a pod is pinged; one ping unanswered for 5 s
+    /// (or this, if shorter) closes it, so that a pod gone silent takes no more requests.
+    #[arg(
+        long,
+        env = "PROXIMA_UPSTREAM_H2_PING_INTERVAL",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_period
+    )]
+    pub upstream_h2_ping_interval: Duration,
+
     /// Most first probes of new endpoints in flight at once; more that are due wait for a
     /// later tick (100 ms). Bounds the connections a start or a large rollout opens at
     /// once. Probes of evicted endpoints are not bounded.
@@ -850,6 +861,7 @@ impl ProxyArgs {
             max_idle_total: self.upstream_max_idle,
             max_idle_buffered: self.upstream_max_idle_buffered,
             h2_max_streams: self.upstream_h2_max_streams,
+            h2_ping_interval: self.upstream_h2_ping_interval,
             max_concurrent_first_probes: self.max_concurrent_first_probes as usize,
             upstream_bind: self.upstream_bind,
             client_header_timeout: self.limits.client_header_timeout,
