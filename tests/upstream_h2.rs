@@ -589,3 +589,27 @@ async fn a_connection_to_a_pod_gone_silent_is_found_dead_by_its_pings() {
     );
     assert_eq!(relay.opened.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_larger_than_the_flow_control_windows_pass_both_ways() {
+    let pod = h2_pod("pod-a", 100, Duration::ZERO).await;
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[]),
+        vec![h2c_endpoint("pod-a", pod.addr)],
+    )])
+    .await;
+    // 3 MiB: beyond HTTP/2's 64 KiB initial windows and hyper's larger ones, so both
+    // the request and the echoed response wait on WINDOW_UPDATEs on both hops.
+    let payload = "x".repeat(3 << 20);
+    for client in [http1_client(), h2c_client()] {
+        let request = Request::post(proxy.url("/big"))
+            .header("x-service", "api.shop")
+            .body(full(payload.clone()))
+            .expect("request");
+        let reply = send(&client, request).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let seen = String::from_utf8_lossy(&reply.body);
+        let body = seen.split_once(" body=").map(|(_, b)| b).unwrap_or("");
+        assert_eq!(body.len(), payload.len());
+    }
+}
