@@ -4,6 +4,8 @@
 //! spread over the pool; a pod answering UNAVAILABLE leaving the pool; the proxy keeping
 //! a call's `grpc-timeout`; an HTTP/1.1 client reaching an h2c pod.
 
+#[path = "support/binary.rs"]
+mod binary;
 mod common;
 
 use std::collections::BTreeMap;
@@ -649,4 +651,58 @@ async fn an_http1_client_reaches_an_h2c_pod_that_sees_http2() {
         String::from_utf8_lossy(&reply.body),
         format!("pod-0 saw HTTP/2.0 for {}", proxy.addr)
     );
+}
+
+/// The real binary with file discovery: a topology file declaring the port `protocol:
+/// grpc` (read the Kubernetes way, as appProtocol) and two gRPC pods; every kind of call
+/// passes, and one channel's calls reach both pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_routes_grpc_to_pods_declared_in_its_topology_file() {
+    let pods = [
+        GrpcPod::spawn("pod-0", Mode::Serve).await,
+        GrpcPod::spawn("pod-1", Mode::Serve).await,
+    ];
+    let dir = binary::TempDir::new("grpc");
+    let path = dir.0.join("topology.yaml");
+    let mut topology = String::from(
+        "services:\n  - name: echo\n    namespace: shop\n    ports: [{ name: rpc, port: 50051, protocol: grpc }]\n    endpoints:\n",
+    );
+    for pod in &pods {
+        topology.push_str(&format!(
+            "      - {{ id: {}, address: '{}' }}\n",
+            pod.name, pod.addr
+        ));
+    }
+    std::fs::write(&path, topology).expect("write topology");
+    let discovery = format!("file:{}", path.display());
+    let proxima = binary::Proxima::start(&["run", "--discovery", &discovery]).await;
+    let mut grpc = channel_to(proxima.proxy).await;
+    let mut answered_by = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let answer = echo_text(&mut grpc, "hi").await.expect("unary call");
+        answered_by.insert(answer.split(':').next().unwrap_or_default().to_string());
+    }
+    assert_eq!(answered_by.len(), 2, "{answered_by:?}");
+    // Streaming calls too, whichever pod takes them.
+    for _ in 0..4 {
+        within("server-streaming Count", async {
+            grpc.ready().await.expect("channel ready");
+            let request = tonic::Request::new(Bytes::from_static(b"3"));
+            let mut stream = grpc
+                .server_streaming(request, PathAndQuery::from_static(COUNT), RawCodec)
+                .await
+                .expect("Count answers")
+                .into_inner();
+            let mut n = 0;
+            while let Some(message) = stream.message().await.expect("Count message") {
+                assert!(
+                    message.ends_with(format!(" {}", n + 1).as_bytes()),
+                    "{message:?}"
+                );
+                n += 1;
+            }
+            assert_eq!(n, 3);
+        })
+        .await;
+    }
 }

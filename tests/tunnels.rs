@@ -521,3 +521,52 @@ async fn an_http2_client_opens_a_websocket_with_extended_connect() {
     })
     .await;
 }
+
+/// One client cannot hold every connection place with tunnels: past its limit its
+/// upgrades get 429, while its plain requests and other clients' tunnels pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_its_tunnel_limit_gets_429_and_others_are_not_affected() {
+    let pod = websocket_pod("pod-a").await;
+    let config = ProxyConfig {
+        max_tunnels_per_client: 3,
+        ..ProxyConfig::default()
+    };
+    let proxy = proxy_for(config, vec![("pod-a", pod)]).await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(connect(&proxy).await.expect("handshake").0);
+    }
+    let refused = connect(&proxy).await.expect_err("past the limit");
+    match refused {
+        tokio_tungstenite::tungstenite::Error::Http(answer) => {
+            assert_eq!(answer.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        proxy.metric(r#"proxima_tunnels_total{outcome="refused"}"#),
+        1.0
+    );
+    // Another client address (127.0.0.2 is loopback too) opens one.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().unwrap())
+        .expect("bind 127.0.0.2");
+    let stream = socket.connect(proxy.addr).await.expect("connect");
+    let (mut other, _) = handshake(&proxy, stream).await.expect("other client");
+    round_trip(&mut other, Message::text("hi")).await;
+    // The first client's plain requests pass; a closed tunnel makes room for a new one.
+    let reply = get(
+        &http1_client(),
+        &proxy.url("/"),
+        &[("x-service", "ws.shop")],
+    )
+    .await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    drop(open.pop());
+    eventually("a tunnel closed", PATIENCE, || {
+        proxy.metric("proxima_tunnels_open") == 3.0
+    })
+    .await;
+    connect(&proxy).await.expect("room again");
+}

@@ -66,6 +66,10 @@ pub struct ProxyConfig {
     /// An upgraded connection (a WebSocket) on which no byte moves either way for this
     /// long is closed (`tunnel.rs`). Default 5 minutes.
     pub tunnel_idle_timeout: Duration,
+    /// Most tunnels one client address may hold open; beyond it its upgrades get `429`,
+    /// so that one client cannot take every connection place from the others (its
+    /// plain requests still pass). Default 256.
+    pub max_tunnels_per_client: usize,
     /// How long a tunnel stays open once its pod has left discovery. Default 10 s.
     pub tunnel_removed_grace: Duration,
     /// Most client connections open at once; beyond it new connections are accepted and
@@ -109,6 +113,7 @@ impl Default for ProxyConfig {
             h2_ping_interval: Duration::from_secs(10),
             tunnel_idle_timeout: Duration::from_secs(300),
             tunnel_removed_grace: Duration::from_secs(10),
+            max_tunnels_per_client: 256,
             max_client_connections: 4096,
             max_concurrent_requests: 4096,
             max_concurrent_first_probes: 32,

@@ -105,6 +105,8 @@ pub struct Proxy {
     tunnels: tokio::sync::watch::Sender<usize>,
     /// Set when a shutdown's grace is over: the tunnels still open close.
     cut_tunnels: tokio::sync::watch::Sender<bool>,
+    /// Tunnels open now per client address (`max_tunnels_per_client`).
+    tunnels_by_client: Arc<tunnel::ClientTunnels>,
 }
 
 impl Proxy {
@@ -143,6 +145,7 @@ impl Proxy {
             connections,
             tunnels: tokio::sync::watch::Sender::new(0),
             cut_tunnels: tokio::sync::watch::Sender::new(false),
+            tunnels_by_client: Arc::default(),
         })
     }
 

@@ -189,6 +189,22 @@ impl Proxy {
                 "this connection cannot switch protocols",
             );
         };
+        let Some(client_tunnel) = self
+            .tunnels_by_client
+            .open(client_ip, self.config.max_tunnels_per_client)
+        else {
+            self.metrics.tunnel_refused();
+            warn!(client = ?client_ip, limit = self.config.max_tunnels_per_client,
+                "upgrade refused: the client has its limit of tunnels open");
+            return self.refuse_upgrade(
+                StatusCode::TOO_MANY_REQUESTS,
+                &name,
+                &format!(
+                    "this client has its limit of {} tunnels open",
+                    self.config.max_tunnels_per_client
+                ),
+            );
+        };
         // Counted as a client connection while open (see the module docs).
         let Ok(seat) = self.connections.clone().try_acquire_owned() else {
             self.metrics.tunnel_refused();
@@ -214,10 +230,12 @@ impl Proxy {
             match self.handshake(&picked, &service, &head, &protocols).await {
                 Ok((response, pod_side)) => {
                     let answer = client_answer(&response, via);
-                    tokio::spawn(
-                        self.clone()
-                            .run(picked, service, client_side, pod_side, seat),
-                    );
+                    tokio::spawn(self.clone().run(
+                        picked,
+                        service,
+                        (client_side, pod_side),
+                        (seat, client_tunnel),
+                    ));
                     return answer;
                 }
                 Err(Failed::NotSent(error)) => {
@@ -344,9 +362,8 @@ impl Proxy {
         self: Arc<Self>,
         picked: Picked,
         service: Arc<ServiceMetrics>,
-        client_side: OnUpgrade,
-        pod_side: OnUpgrade,
-        seat: OwnedSemaphorePermit,
+        (client_side, pod_side): (OnUpgrade, OnUpgrade),
+        seat: (OwnedSemaphorePermit, ClientTunnel),
     ) {
         let (client, pod) = match tokio::try_join!(client_side, pod_side) {
             Ok(sides) => sides,
@@ -545,6 +562,46 @@ fn client_answer(pod: &Response<hyper::body::Incoming>, via: Via) -> Response<Re
     *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *answer.headers_mut() = headers;
     answer
+}
+
+/// Tunnels open per client address (see `ProxyConfig::max_tunnels_per_client`).
+#[derive(Debug, Default)]
+pub(crate) struct ClientTunnels {
+    open: std::sync::Mutex<std::collections::HashMap<HeaderValue, usize>>,
+}
+
+/// One client's tunnel, counted until dropped.
+pub(crate) struct ClientTunnel {
+    counts: Arc<ClientTunnels>,
+    client: HeaderValue,
+}
+
+impl ClientTunnels {
+    /// Count a tunnel for `client`, unless it has `limit` open already.
+    fn open(self: &Arc<Self>, client: &HeaderValue, limit: usize) -> Option<ClientTunnel> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(client.clone()).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(ClientTunnel {
+            counts: self.clone(),
+            client: client.clone(),
+        })
+    }
+}
+
+impl Drop for ClientTunnel {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
 }
 
 /// A fresh `Sec-WebSocket-Key`: 16 random bytes in base64 (RFC 6455 §4.1).

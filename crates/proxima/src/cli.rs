@@ -481,6 +481,16 @@ pub struct LimitArgs {
     )]
     pub tunnel_removed_grace: Duration,
 
+    /// Most tunnels (WebSockets) one client address may hold open; beyond it its
+    /// upgrades get 429, so that one client cannot take every connection place.
+    #[arg(
+        long,
+        env = "PROXIMA_MAX_TUNNELS_PER_CLIENT",
+        default_value = "256",
+        value_name = "COUNT"
+    )]
+    pub max_tunnels_per_client: usize,
+
     /// Most client connections open at once; beyond it new connections are closed as
     /// soon as they are accepted. `auto`: half of the open-file limit (ulimit -n) left
     /// after 256 descriptors kept for pods, discovery and the admin server (each
@@ -869,6 +879,7 @@ impl ProxyArgs {
             body_idle_timeout: self.limits.body_idle_timeout,
             tunnel_idle_timeout: self.limits.tunnel_idle_timeout,
             tunnel_removed_grace: self.limits.tunnel_removed_grace,
+            max_tunnels_per_client: self.limits.max_tunnels_per_client,
             max_client_connections: self.limits.max_client_connections.resolve(),
             max_concurrent_requests: self.limits.max_concurrent_requests as usize,
             max_request_headers: self.limits.max_request_headers,
