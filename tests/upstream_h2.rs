@@ -170,23 +170,22 @@ async fn a_pod_s_stream_limit_opens_more_connections_instead_of_queueing() {
     );
 }
 
-#[tokio::test]
-async fn a_refused_stream_goes_to_another_pod_with_its_body() {
-    let (refuser, refused) = refusing_pod().await;
+/// With pod `bad` (which turns requests away unprocessed, counted in `turned_away`)
+/// and a good pod-b in one service, `n` POSTs all reach pod-b with their bodies, and
+/// `bad` was tried.
+async fn posts_pass_a_pod_that_turns_them_away(
+    bad: (&str, SocketAddr),
+    turned_away: &AtomicUsize,
+    n: usize,
+) {
     let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
-    let proxy = TestProxy::start_with(
-        ProxyConfig::default(),
-        vec![(
-            service("shop", "api", &[], &[("retries", "2")]),
-            vec![
-                h2c_endpoint("refuser", refuser),
-                h2c_endpoint("pod-b", pod.addr),
-            ],
-        )],
-    )
+    let proxy = TestProxy::start(vec![(
+        service("shop", "api", &[], &[("retries", "2")]),
+        vec![h2c_endpoint(bad.0, bad.1), h2c_endpoint("pod-b", pod.addr)],
+    )])
     .await;
     let client = h2c_client();
-    for _ in 0..20 {
+    for _ in 0..n {
         // A POST: not idempotent, but never processed, so sent again.
         let reply = send(&client, post(&proxy, "payload")).await;
         assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -196,10 +195,14 @@ async fn a_refused_stream_goes_to_another_pod_with_its_body() {
             "{seen}"
         );
     }
-    assert!(
-        refused.load(Ordering::SeqCst) >= 1,
-        "the refuser was never tried"
-    );
+    let tried = turned_away.load(Ordering::SeqCst);
+    assert!(tried >= 1, "{} was never tried", bad.0);
+}
+
+#[tokio::test]
+async fn a_refused_stream_goes_to_another_pod_with_its_body() {
+    let (refuser, refused) = refusing_pod().await;
+    posts_pass_a_pod_that_turns_them_away(("refuser", refuser), &refused, 20).await;
 }
 
 #[tokio::test]
@@ -220,21 +223,36 @@ async fn an_h2c_pod_is_probed_over_http2() {
     .await;
 }
 
+/// A pod that speaks HTTP/1.1 only (hyper's HTTP/1.1 server), answering `200 liar`.
+async fn http1_only_pod() -> SocketAddr {
+    let listener = TcpListener::bind(loopback()).await.expect("bind pod");
+    let addr = listener.local_addr().expect("pod addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service_fn(|_: Request<Incoming>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"liar"))))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    addr
+}
+
 #[tokio::test]
 async fn a_pod_declared_h2c_that_speaks_http1_is_skipped_and_named_in_the_error() {
-    let liar = backend("liar").await;
+    let liar = http1_only_pod().await;
     let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
     let proxy = TestProxy::start(vec![
         (
             service("shop", "api", &[], &[("retries", "2")]),
-            vec![
-                h2c_endpoint("liar", liar.addr()),
-                h2c_endpoint("pod-b", pod.addr),
-            ],
+            vec![h2c_endpoint("liar", liar), h2c_endpoint("pod-b", pod.addr)],
         ),
         (
             service("shop", "only-liar", &[], &[]),
-            vec![h2c_endpoint("liar", liar.addr())],
+            vec![h2c_endpoint("liar", liar)],
         ),
     ])
     .await;
@@ -457,29 +475,7 @@ async fn goaway_at_once_pod() -> (SocketAddr, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn requests_above_a_pods_goaway_go_to_another_pod_with_their_body() {
     let (leaving, turned_away) = goaway_at_once_pod().await;
-    let pod = h2_pod("pod-b", 100, Duration::ZERO).await;
-    let proxy = TestProxy::start(vec![(
-        service("shop", "api", &[], &[("retries", "2")]),
-        vec![
-            h2c_endpoint("leaving", leaving),
-            h2c_endpoint("pod-b", pod.addr),
-        ],
-    )])
-    .await;
-    let client = h2c_client();
-    for _ in 0..10 {
-        let reply = send(&client, post(&proxy, "payload")).await;
-        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-        let seen = String::from_utf8_lossy(&reply.body);
-        assert!(
-            seen.starts_with("pod-b:") && seen.ends_with("body=payload"),
-            "{seen}"
-        );
-    }
-    assert!(
-        turned_away.load(Ordering::SeqCst) >= 1,
-        "the leaving pod was never tried"
-    );
+    posts_pass_a_pod_that_turns_them_away(("leaving", leaving), &turned_away, 10).await;
 }
 
 /// A TCP relay to `target` whose open connections can be frozen: nothing passes on them
