@@ -1,11 +1,15 @@
 //! Opening a TCP connection from a chosen local address (HAProxy's `source`): the one
 //! rule for every outgoing connection of a node's proxy, used by the upstream pool here
-//! and by the peer prober in `proxima_nodes`.
+//! and by the peer prober in `proxima_nodes`; and [`ConnectError`], why a connection to
+//! a pod could not be used, shared by the HTTP/1.1 and HTTP/2 pools.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
+
+use crate::h1::UpstreamError;
 
 /// A TCP connection to `addr`, leaving from `bind` (any port) when given, else from
 /// the address the kernel chooses. A `bind` of the other address family than `addr`
@@ -56,4 +60,25 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("bind address ::1"), "{err}");
     }
+}
+
+/// Why a connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    #[error("connect timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("connect failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("HTTP handshake failed: {0}")]
+    Handshake(hyper::Error),
+    /// An HTTP/2 pod refused the request without processing it (`REFUSED_STREAM`, or
+    /// a graceful GOAWAY below the request's stream).
+    #[error("the pod refused the request unprocessed: {0}")]
+    Refused(hyper::Error),
+    /// A pod whose port is declared h2c did not begin HTTP/2 (no SETTINGS preface).
+    #[error("the pod does not speak HTTP/2, though its port is declared h2c (appProtocol or port name): {0}")]
+    NotHttp2(hyper::Error),
+    /// A fresh connection broke before the request could be written.
+    #[error("connection closed before the request was sent: {0}")]
+    Closed(UpstreamError),
 }

@@ -59,10 +59,11 @@ use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
 use crate::body::{Finish, ResponseBody, Rest, UpstreamBody};
+use crate::connect::ConnectError;
 use crate::h1::{self, UpstreamError};
 use crate::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
-use crate::pool::{ConnPool, ConnectError, Held, Sender};
+use crate::pool::{ConnPool, Held, Sender};
 use crate::reply;
 use crate::request_body::RequestBody;
 use crate::target::{split_port, TargetError, TargetSource};

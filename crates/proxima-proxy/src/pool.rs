@@ -69,8 +69,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::connect::connect_from;
-use crate::h1::UpstreamError;
+use crate::connect::{connect_from, ConnectError};
 use crate::metrics::{IdleCloseReason, PoolMetrics};
 use crate::request_body::RequestBody;
 use crate::upstream_h2::H2Pool;
@@ -598,27 +597,6 @@ impl ConnPool {
             .max()
             .unwrap_or(0)
     }
-}
-
-/// Why a connection could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnectError {
-    #[error("connect timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("connect failed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("HTTP handshake failed: {0}")]
-    Handshake(hyper::Error),
-    /// An HTTP/2 pod refused the request without processing it (`REFUSED_STREAM`, or
-    /// a graceful GOAWAY below the request's stream).
-    #[error("the pod refused the request unprocessed: {0}")]
-    Refused(hyper::Error),
-    /// A pod whose port is declared h2c did not begin HTTP/2 (no SETTINGS preface).
-    #[error("the pod does not speak HTTP/2, though its port is declared h2c (appProtocol or port name): {0}")]
-    NotHttp2(hyper::Error),
-    /// A fresh connection broke before the request could be written.
-    #[error("connection closed before the request was sent: {0}")]
-    Closed(UpstreamError),
 }
 
 /// Hand a parked connection's socket back to its pool, if the pool is still there.

@@ -41,7 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
-use crate::pool::ConnectError;
+use crate::connect::ConnectError;
 use crate::request_body::RequestBody;
 
 /// The longest a ping may go unanswered before its connection is closed (at most the
