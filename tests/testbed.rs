@@ -112,3 +112,90 @@ async fn proxies_measure_the_emulated_latency_between_nodes() {
     cluster.shutdown().await;
     let _ = std::fs::remove_dir_all(&options.work_dir);
 }
+
+/// One node, two services of three instances each: `rpc` on h2c (`protocol: grpc`) and
+/// `chat` on HTTP/1.1. A gRPC client sends unary calls, four at a time, on its one
+/// HTTP/2 connection; a WebSocket client holds six sockets and sends messages on them.
+const PROTOCOLS: &str = r#"
+name: protocols
+nodes: [{ name: a }]
+services:
+  - name: rpc
+    protocol: grpc
+    settings: { latency-slo: 1s }
+    instances: [{ node: a, count: 3, processing: 2ms }]
+  - name: chat
+    settings: { latency-slo: 1s }
+    instances: [{ node: a, count: 3, processing: 2ms }]
+clients:
+  - { name: caller, node: a, service: rpc, protocol: grpc, requests: 90, concurrency: 4, body: hello }
+  - { name: chatter, node: a, service: chat, protocol: websocket, requests: 60, concurrency: 6, path: /chat }
+testbed: { discovery-interval: 100ms, peer-probe-interval: 200ms }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_and_websocket_messages_are_balanced_by_the_qos_pool() {
+    let file = ScenarioFile::parse(PROTOCOLS).unwrap();
+    let jobs = plan(&file, &[StrategySpec::parse("qos-pool").unwrap()], &[]).unwrap();
+    let options = options("protocols");
+    let runs = run_jobs(jobs, 1, &options, None).await.unwrap();
+    let run = &runs[0];
+    assert!(run.warmed_up);
+    assert_eq!(run.summary.requests, 150);
+    assert_eq!(run.summary.failed, 0, "{:?}", run.records);
+    assert_eq!(run.accounting_gap, 0);
+
+    // Per client: what answered, and on how many connections.
+    let answered = |client: u16| -> Vec<u64> {
+        let mut counts = vec![0u64; run.instance_names.len()];
+        for r in run.records.iter().filter(|r| r.client == client) {
+            counts[usize::from(r.instance.expect("an instance answered"))] += 1;
+        }
+        counts
+    };
+    let calls = answered(0);
+    assert!(calls[..3].iter().all(|&n| n > 0), "{calls:?}");
+    assert_eq!(calls[..3].iter().sum::<u64>(), 90);
+    let grpc = run.records.iter().filter(|r| r.client == 0);
+    assert!(grpc
+        .clone()
+        .all(|r| r.status == 200 && r.grpc_status == Some(0)));
+    assert_eq!(
+        run.clients[0].connections, 1,
+        "every call on one HTTP/2 connection"
+    );
+    let messages = answered(1);
+    assert!(messages[3..].iter().all(|&n| n > 0), "{messages:?}");
+    assert_eq!(messages[3..].iter().sum::<u64>(), 60);
+    let ws = run.records.iter().filter(|r| r.client == 1);
+    assert!(ws
+        .clone()
+        .all(|r| r.status == 101 && r.grpc_status.is_none()));
+    assert_eq!(run.clients[1].connections, 6, "one socket per worker");
+
+    // The report and its files say which client spoke what.
+    let report = proxima_testbed::report::table(&runs);
+    assert!(report.contains("caller@a [grpc]") && report.contains("chatter@a [websocket]"));
+    let out = options.work_dir.join("out");
+    let provenance = proxima_testbed::report::Provenance {
+        scenario_file: "protocols".into(),
+        command: "test".into(),
+        commit: None,
+        dirty: None,
+        seed: 1,
+    };
+    proxima_testbed::report::write_files(&out, &provenance, "protocols", None, &runs, true)
+        .unwrap();
+    let clients = std::fs::read_to_string(out.join("clients.csv")).unwrap();
+    assert!(
+        clients.contains(",caller,a,rpc.default,grpc,1,90,0,0,"),
+        "{clients}"
+    );
+    assert!(
+        clients.contains(",chatter,a,chat.default,websocket,6,60,0,0,"),
+        "{clients}"
+    );
+    let json = std::fs::read_to_string(out.join("results.json")).unwrap();
+    assert!(json.contains(r#""protocol": "grpc""#), "{json}");
+    let _ = std::fs::remove_dir_all(&options.work_dir);
+}

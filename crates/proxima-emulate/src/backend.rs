@@ -1,4 +1,6 @@
-//! An emulated pod: an HTTP/1.1 server with a live-adjustable processing time.
+//! An emulated pod: an HTTP/1.1 and h2c server with a live-adjustable processing time,
+//! which also answers gRPC calls and, if asked to, WebSockets (so that the testbed's QoS results can
+//! be checked for them too).
 //!
 //! The QoS-pool strategy (papers, "QoS pool" section) admits a pod when its
 //! measured response times predict it meets the Service's latency SLO. To
@@ -19,6 +21,16 @@
 //! dependency is down does; `None` brings the normal answers back.
 //!
 //! Routes (any method unless noted):
+//! - a gRPC call (`content-type: application/grpc...`, any path) gets its first
+//!   message echoed back with `grpc-status: 0` in the trailers; while failing, a
+//!   Trailers-Only `grpc-status: 14` (UNAVAILABLE) instead of the failure status, as a
+//!   gRPC server whose dependency is down answers (`backend/grpc.rs`);
+//! - with [`BackendConfig::websockets`], a WebSocket handshake (`GET` with
+//!   `Upgrade: websocket`, any path) is answered `101` after the processing time, as
+//!   any request; then every text or binary message is echoed after a processing time
+//!   of its own, so that per-message latency reflects the pod (`backend/websocket.rs`).
+//!   Without it the pod is a plain HTTP server that ignores `Upgrade` (RFC 9110 §7.8
+//!   allows it), which the proxy's tests of declined upgrades rely on;
 //! - `/status/NNN` answers with status `NNN` (and the JSON echo as body);
 //! - `/stream?bytes=N[&chunk=K]` streams `N` bytes of [`crate::pattern_byte`]
 //!   in chunks of `K` bytes (default 16 KiB), with chunked transfer encoding;
@@ -30,7 +42,7 @@
 //!   (`backend`, `method`, `path`, `query`, `headers`, `body_bytes`); the body
 //!   is read to the end and counted, never stored.
 //!
-//! Every response carries `x-backend: <name>`.
+//! Every response carries `x-backend: <name>` (a `101` included).
 
 use std::convert::Infallible;
 use std::io;
@@ -58,6 +70,9 @@ use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 use crate::pattern::pattern_bytes;
 use crate::processing::{Cpu, ProcessingTime};
+
+mod grpc;
+mod websocket;
 
 /// Error type of response bodies (request bodies echoed back can fail mid-stream).
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -93,6 +108,9 @@ pub struct BackendConfig {
     /// The node's cores, shared with its other pods: a request holds one while it is
     /// processed. `None`: unlimited.
     pub cpu: Option<Cpu>,
+    /// Whether WebSocket handshakes are accepted (and messages echoed); otherwise
+    /// `Upgrade` is ignored and the request answered as any other.
+    pub websockets: bool,
 }
 
 impl BackendConfig {
@@ -106,6 +124,7 @@ impl BackendConfig {
             seed: None,
             workers: None,
             cpu: None,
+            websockets: false,
         }
     }
 
@@ -144,6 +163,12 @@ impl BackendConfig {
         self.cpu = Some(cpu);
         self
     }
+
+    /// Accepts WebSockets (see the module docs).
+    pub fn websockets(mut self, websockets: bool) -> Self {
+        self.websockets = websockets;
+        self
+    }
 }
 
 /// Why a request gets no response; hyper then closes the connection.
@@ -176,6 +201,11 @@ struct Shared {
     aborted: AtomicBool,
     /// The status every request gets at once while failing; 0 when not failing.
     failing: AtomicU16,
+    /// Turns `true` when the pod stops or is killed: its WebSocket sessions, which
+    /// outlive their HTTP connection's task, end then.
+    sessions_end: watch::Sender<bool>,
+    /// [`BackendConfig::websockets`].
+    websockets: bool,
 }
 
 impl Shared {
@@ -212,6 +242,11 @@ impl Shared {
     fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
     }
+
+    /// The status the pod is failing with, if it is.
+    fn failing(&self) -> Option<StatusCode> {
+        StatusCode::from_u16(self.failing.load(Ordering::Relaxed)).ok()
+    }
 }
 
 fn duration_nanos(d: Duration) -> u64 {
@@ -229,8 +264,8 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Binds `listen` (port 0 picks a free port) and serves HTTP/1.1 with
-    /// keep-alive in a background task.
+    /// Binds `listen` (port 0 picks a free port) and serves HTTP/1.1 with keep-alive
+    /// and h2c on the same port, in a background task.
     pub async fn spawn(listen: SocketAddr, config: BackendConfig) -> io::Result<Backend> {
         let listener = bind_with_patience(listen).await?;
         let addr = listener.local_addr()?;
@@ -253,6 +288,8 @@ impl Backend {
             connections: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             failing: AtomicU16::new(0),
+            sessions_end: watch::channel(false).0,
+            websockets: config.websockets,
         });
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
@@ -323,7 +360,7 @@ impl Backend {
 
     /// The status the pod is failing with, if it is.
     pub fn failing(&self) -> Option<StatusCode> {
-        StatusCode::from_u16(self.shared.failing.load(Ordering::Relaxed)).ok()
+        self.shared.failing()
     }
 
     /// Whether [`Backend::abort`] killed it.
@@ -348,7 +385,9 @@ impl Backend {
 
     /// Stops accepting, lets in-flight requests finish (up to 5 s), closes
     /// idle keep-alive connections, and returns once the port is released.
+    /// Open WebSockets are closed (with a Close frame) at once.
     pub async fn shutdown(mut self) {
+        self.shared.sessions_end.send_replace(true);
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
             let _ = task.await;
@@ -363,6 +402,8 @@ impl Backend {
     pub fn abort(&self) {
         self.shared.aborted.store(true, Ordering::SeqCst);
         self.abort_handle.abort();
+        // Upgraded connections (WebSockets) run in tasks of their own: drop them too.
+        self.shared.sessions_end.send_replace(true);
     }
 }
 
@@ -433,7 +474,8 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, mut stop: watc
     // either kind of port.
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().keep_alive(true);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    // Upgrades for WebSockets: the connection is handed to `websocket::accept`'s task.
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -456,8 +498,11 @@ async fn handle(
         shared.probe_hits.fetch_add(1, Ordering::Relaxed);
     }
     shared.hits.fetch_add(1, Ordering::Relaxed);
-    if let Ok(status) = StatusCode::from_u16(shared.failing.load(Ordering::Relaxed)) {
-        let mut response = plain(status, "failing (emulated)\n");
+    if let Some(status) = shared.failing() {
+        let mut response = match grpc::is_call(&request) {
+            true => grpc::failing(status),
+            false => plain(status, "failing (emulated)\n"),
+        };
         response
             .headers_mut()
             .insert("x-backend", shared.name_header.clone());
@@ -476,9 +521,15 @@ async fn handle(
 }
 
 async fn route(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, NoResponse> {
+    if shared.websockets && websocket::is_handshake(&request) {
+        return Ok(websocket::accept(shared.clone(), request));
+    }
+    if grpc::is_call(&request) {
+        return grpc::echo(request).await;
+    }
     let path = request.uri().path().to_string();
     if path == "/reset" {
         return Err(NoResponse::ResetRequested);

@@ -6,12 +6,21 @@
 //! outstanding). Each request names its service in `x-service`, and its response time
 //! is what the client sees: from sending the request to reading the whole response.
 //!
+//! What a request is depends on the client's `protocol`: an HTTP/1.1 request on a
+//! keep-alive pool, a unary gRPC call on the client's one HTTP/2 connection
+//! (`client/grpc.rs`), or a message on the worker's WebSocket (`client/websocket.rs`). Every kind is
+//! numbered, timed and recorded the same way, so the report compares them directly.
+//! Closed and open loops share one shape: `concurrency` workers take numbered tickets,
+//! from the sequencer directly or, in an open loop, from a ticker at the client's rate
+//! (a WebSocket worker keeps its socket from ticket to ticket).
+//!
 //! Requests are numbered across all clients by a [`Sequencer`], which is also how
 //! events triggered "after N requests" are placed exactly: the request that would be
 //! number N + 1 waits until the event has been applied, so every request belongs to
 //! exactly one phase (the number of events applied when it was sent).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,12 +29,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{HttpConnector, HttpInfo};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::scenario::ClientSpec;
+use crate::scenario::{ClientProtocol, ClientSpec};
+
+mod grpc;
+mod websocket;
 
 /// One answered (or failed) request.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,8 +52,13 @@ pub struct RequestRecord {
     pub start: Duration,
     /// Time to the whole response, as the client saw it.
     pub latency: Duration,
-    /// HTTP status; 0 when no response came (connection error, timeout).
+    /// HTTP status; 0 when no response came (connection error, timeout). A WebSocket
+    /// message's is its socket's `101`.
     pub status: u16,
+    /// A gRPC call's `grpc-status` (from its trailers, or the headers of a
+    /// Trailers-Only answer; 2, UNKNOWN, when a `200` carried none); `None` for other
+    /// protocols and for calls without an answer.
+    pub grpc_status: Option<u8>,
     /// No whole response within the client's `timeout`: the client gave up.
     pub timed_out: bool,
     /// The instance that answered (its `x-backend`), as an index into the run's
@@ -57,6 +74,8 @@ pub struct RequestRecord {
 pub enum ErrorKind {
     /// An answer other than 2xx (from the proxy or the instance).
     Status,
+    /// A gRPC call answered with a `grpc-status` other than 0 (OK).
+    Grpc,
     /// No answer: the connection was refused or broke.
     Connection,
     /// No whole answer within the client's timeout.
@@ -68,6 +87,7 @@ impl ErrorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Status => "status",
+            ErrorKind::Grpc => "grpc-status",
             ErrorKind::Connection => "connection",
             ErrorKind::Timeout => "timeout",
         }
@@ -75,18 +95,21 @@ impl ErrorKind {
 }
 
 impl RequestRecord {
-    /// Whether a 2xx answer arrived within the client's timeout.
+    /// Whether a 2xx answer arrived within the client's timeout (for a gRPC call,
+    /// with `grpc-status: 0`; for a WebSocket message, its echo on a `101` socket).
     pub fn succeeded(&self) -> bool {
         self.error().is_none()
     }
 
-    /// `None` for a 2xx answer read in time.
+    /// `None` for a successful answer read in time (see [`RequestRecord::succeeded`]).
     pub fn error(&self) -> Option<ErrorKind> {
         if self.timed_out {
             Some(ErrorKind::Timeout)
         } else if self.status == 0 {
             Some(ErrorKind::Connection)
-        } else if (200..300).contains(&self.status) {
+        } else if self.grpc_status.is_some_and(|code| code != 0) {
+            Some(ErrorKind::Grpc)
+        } else if (200..300).contains(&self.status) || self.status == 101 {
             None
         } else {
             Some(ErrorKind::Status)
@@ -251,70 +274,165 @@ pub struct ClientRun {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// What a client's run gave.
+#[derive(Debug, Default)]
+pub struct ClientOutput {
+    /// Every request, in sending order.
+    pub records: Vec<RequestRecord>,
+    /// Connections to its proxy that carried an answer (told apart by their local
+    /// address): one for a `grpc` client, one per worker for `websocket` (more when
+    /// sockets broke), the keep-alive pool for `http`.
+    pub connections: usize,
+}
+
+/// How one exchange ended.
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    /// An answer (of any status), read whole.
+    Answer(Answer),
+    /// No answer: refused, broken, or not the protocol's.
+    Broken,
+    /// No whole answer within the client's `timeout`.
+    TimedOut,
+}
+
+/// An answer, and the client side of the connection that carried it.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    status: u16,
+    grpc_status: Option<u8>,
+    instance: Option<u16>,
+    local: Option<SocketAddr>,
+}
+
+/// What a worker sends on: the client's shared HTTP client, or its own WebSocket.
+enum Worker {
+    Http(HttpClient),
+    Grpc(HttpClient),
+    WebSocket(Option<websocket::Socket>),
+}
+
+/// Where workers take their tickets: straight from the sequencer (closed loop), or
+/// from a ticker at the client's rate (open loop) that holds one of `concurrency`
+/// slots per ticket until its request is answered.
+struct Tickets {
+    sent: AtomicU64,
+    paced: Option<tokio::sync::Mutex<mpsc::Receiver<Ticket>>>,
+}
+
+struct Ticket {
+    seq: u64,
+    phase: u16,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// What the workers collect.
+#[derive(Default)]
+struct Collected {
+    records: Mutex<Vec<RequestRecord>>,
+    connections: Mutex<HashSet<SocketAddr>>,
+}
+
 impl ClientRun {
     /// Send until the request count or the duration is reached (or `stop`), and return
     /// every record.
-    pub async fn run(self) -> Vec<RequestRecord> {
+    pub async fn run(self) -> ClientOutput {
+        let this = Arc::new(self);
+        let (tickets, ticker) = this.clone().tickets();
+        let tickets = Arc::new(tickets);
+        let collected = Arc::new(Collected::default());
+        let shared = this.http_client();
+        let workers: Vec<_> = (0..this.spec.concurrency)
+            .map(|_| {
+                let worker = match (this.spec.protocol, &shared) {
+                    (ClientProtocol::Grpc, Some(client)) => Worker::Grpc(client.clone()),
+                    (_, Some(client)) => Worker::Http(client.clone()),
+                    (_, None) => Worker::WebSocket(None),
+                };
+                let (this, tickets, collected) = (this.clone(), tickets.clone(), collected.clone());
+                tokio::spawn(async move { this.work(worker, &tickets, &collected).await })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+        if let Some(ticker) = ticker {
+            ticker.abort();
+        }
+        collected.output()
+    }
+
+    /// The HTTP client the workers share: a keep-alive pool, or for gRPC one HTTP/2
+    /// connection (prior knowledge) that every call shares; `None` for WebSockets.
+    fn http_client(&self) -> Option<HttpClient> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let client: HttpClient = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(usize::MAX)
-            .build(connector);
-        let this = Arc::new(self);
-        let records = Arc::new(Mutex::new(Vec::new()));
-        let sent = Arc::new(AtomicU64::new(0));
-        match this.spec.rate {
-            None => {
-                let mut workers = Vec::new();
-                for _ in 0..this.spec.concurrency {
-                    let (this, client, records, sent) =
-                        (this.clone(), client.clone(), records.clone(), sent.clone());
-                    workers.push(tokio::spawn(async move {
-                        while let Some((seq, phase)) = this.ticket(&sent).await {
-                            let record = this.send(&client, seq, phase).await;
-                            records
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push(record);
-                        }
-                    }));
-                }
-                for w in workers {
-                    let _ = w.await;
-                }
-            }
-            Some(rate) => {
-                let slots = Arc::new(Semaphore::new(this.spec.concurrency));
-                let spacing = Duration::from_secs_f64(1.0 / rate);
-                let mut tick = tokio::time::interval(spacing);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                let mut tasks = Vec::new();
-                loop {
-                    tick.tick().await;
-                    let Ok(permit) = slots.clone().acquire_owned().await else {
-                        break;
-                    };
-                    let Some((seq, phase)) = this.ticket(&sent).await else {
-                        break;
-                    };
-                    let (this, client, records) = (this.clone(), client.clone(), records.clone());
-                    tasks.push(tokio::spawn(async move {
-                        let record = this.send(&client, seq, phase).await;
-                        records
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(record);
-                        drop(permit);
-                    }));
-                }
-                for t in tasks {
-                    let _ = t.await;
+        let mut builder = Client::builder(TokioExecutor::new());
+        match self.spec.protocol {
+            ClientProtocol::Http => builder.pool_max_idle_per_host(usize::MAX),
+            ClientProtocol::Grpc => builder.http2_only(true),
+            ClientProtocol::WebSocket => return None,
+        };
+        Some(builder.build(connector))
+    }
+
+    /// The workers' tickets, and the open loop's ticker task.
+    fn tickets(self: Arc<Self>) -> (Tickets, Option<tokio::task::JoinHandle<()>>) {
+        let Some(rate) = self.spec.rate else {
+            let tickets = Tickets {
+                sent: AtomicU64::new(0),
+                paced: None,
+            };
+            return (tickets, None);
+        };
+        let (sender, receiver) = mpsc::channel(self.spec.concurrency.max(1));
+        let ticker = tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(self.spec.concurrency));
+            let sent = AtomicU64::new(0);
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            loop {
+                tick.tick().await;
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    break;
+                };
+                let Some((seq, phase)) = self.ticket(&sent).await else {
+                    break;
+                };
+                let ticket = Ticket {
+                    seq,
+                    phase,
+                    _slot: Some(slot),
+                };
+                if sender.send(ticket).await.is_err() {
+                    break;
                 }
             }
+        });
+        let tickets = Tickets {
+            sent: AtomicU64::new(0),
+            paced: Some(tokio::sync::Mutex::new(receiver)),
+        };
+        (tickets, Some(ticker))
+    }
+
+    /// One worker: a request per ticket, until there are none.
+    async fn work(&self, mut worker: Worker, tickets: &Tickets, collected: &Collected) {
+        loop {
+            let ticket = match &tickets.paced {
+                Some(receiver) => receiver.lock().await.recv().await,
+                None => self.ticket(&tickets.sent).await.map(|(seq, phase)| Ticket {
+                    seq,
+                    phase,
+                    _slot: None,
+                }),
+            };
+            let Some(ticket) = ticket else {
+                return;
+            };
+            let (record, local) = self.send(&mut worker, ticket.seq, ticket.phase).await;
+            collected.add(record, local);
         }
-        let mut records = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
-        records.sort_by_key(|r| r.seq);
-        records
     }
 
     /// The next request's number and phase, or `None` when this client is done.
@@ -334,38 +452,29 @@ impl ClientRun {
         Some(self.sequencer.next().await)
     }
 
-    async fn send(&self, client: &HttpClient, seq: u64, phase: u16) -> RequestRecord {
-        let body = self.spec.body.clone().map(Bytes::from).unwrap_or_default();
-        let uri = format!("http://{}{}", self.target, self.spec.path);
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = self.spec.method.clone();
-        *request.uri_mut() = uri.parse().unwrap_or_default();
-        if let Ok(service) = HeaderValue::from_str(&self.service) {
-            request.headers_mut().insert("x-service", service);
-        }
-        request
-            .headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/json"));
+    /// One request (for WebSockets, one message; the socket is opened first when the
+    /// worker has none, and a failed handshake is the record).
+    async fn send(
+        &self,
+        worker: &mut Worker,
+        seq: u64,
+        phase: u16,
+    ) -> (RequestRecord, Option<SocketAddr>) {
         let reachable = (self.best_response)().is_some_and(|best| best <= self.slo);
-        let start = self.started.elapsed();
-        let began = Instant::now();
-        let exchange = async {
-            let response = client.request(request).await.ok()?;
-            let status = response.status().as_u16();
-            let backend = response
-                .headers()
-                .get("x-backend")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|name| self.instances.get(name).copied());
-            response.into_body().collect().await.ok()?;
-            Some((status, backend))
+        let mut start = self.started.elapsed();
+        let mut began = Instant::now();
+        let outcome = match worker.prepare(self).await {
+            Err(failed) => failed,
+            Ok(()) => {
+                (start, began) = (self.started.elapsed(), Instant::now());
+                worker.exchange(self).await
+            }
         };
-        let (timed_out, (status, instance)) =
-            match tokio::time::timeout(self.spec.timeout, exchange).await {
-                Ok(answer) => (false, answer.unwrap_or((0, None))),
-                Err(_) => (true, (0, None)),
-            };
         let latency = began.elapsed();
+        let (status, grpc_status, instance, local) = match outcome {
+            Outcome::Answer(a) => (a.status, a.grpc_status, a.instance, a.local),
+            Outcome::Broken | Outcome::TimedOut => (0, None, None, None),
+        };
         let record = RequestRecord {
             client: self.index,
             seq,
@@ -373,21 +482,150 @@ impl ClientRun {
             start,
             latency,
             status,
-            timed_out,
+            grpc_status,
+            timed_out: matches!(outcome, Outcome::TimedOut),
             instance,
             reachable,
         };
+        self.count(&record);
+        (record, local)
+    }
+
+    /// Add `record` to the progress line's totals.
+    fn count(&self, record: &RequestRecord) {
         self.live.done.fetch_add(1, Ordering::Relaxed);
         self.live.latency_us.fetch_add(
-            u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            u64::try_from(record.latency.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
         if !record.succeeded() {
             self.live.errors.fetch_add(1, Ordering::Relaxed);
-        } else if latency <= self.slo {
+        } else if record.latency <= self.slo {
             self.live.slo_met.fetch_add(1, Ordering::Relaxed);
         }
-        record
+    }
+
+    /// The index of the instance an answer names in `x-backend`.
+    fn instance_of(&self, headers: &http::HeaderMap) -> Option<u16> {
+        headers
+            .get("x-backend")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|name| self.instances.get(name).copied())
+    }
+
+    /// `x-service` and the request's URI on the client's link.
+    fn request(&self, method: http::Method, body: Bytes) -> Request<Full<Bytes>> {
+        let uri = format!("http://{}{}", self.target, self.spec.path);
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = uri.parse().unwrap_or_default();
+        if let Ok(service) = HeaderValue::from_str(&self.service) {
+            request.headers_mut().insert("x-service", service);
+        }
+        request
+    }
+
+    /// An HTTP request and its whole answer.
+    async fn http_exchange(&self, client: &HttpClient) -> Option<Answer> {
+        let body = self.spec.body.clone().map(Bytes::from).unwrap_or_default();
+        let mut request = self.request(self.spec.method.clone(), body);
+        request
+            .headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/json"));
+        let response = client.request(request).await.ok()?;
+        let answer = Answer {
+            status: response.status().as_u16(),
+            grpc_status: None,
+            instance: self.instance_of(response.headers()),
+            local: local_addr(&response),
+        };
+        response.into_body().collect().await.ok()?;
+        Some(answer)
+    }
+}
+
+/// The client side of the connection `response` came on.
+fn local_addr<B>(response: &http::Response<B>) -> Option<SocketAddr> {
+    response
+        .extensions()
+        .get::<HttpInfo>()
+        .map(|info| info.local_addr())
+}
+
+/// `exchange` within the client's `timeout`.
+async fn timed(timeout: Duration, exchange: impl Future<Output = Option<Answer>>) -> Outcome {
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(Some(answer)) => Outcome::Answer(answer),
+        Ok(None) => Outcome::Broken,
+        Err(_) => Outcome::TimedOut,
+    }
+}
+
+impl Worker {
+    /// Open the worker's WebSocket if it has none (within the client's timeout);
+    /// `Err` is the record of a handshake that failed.
+    async fn prepare(&mut self, run: &ClientRun) -> Result<(), Outcome> {
+        let Worker::WebSocket(socket @ None) = self else {
+            return Ok(());
+        };
+        match tokio::time::timeout(run.spec.timeout, websocket::open(run)).await {
+            Ok(Some(opened)) => {
+                *socket = Some(opened);
+                Ok(())
+            }
+            Ok(None) => Err(Outcome::Broken),
+            Err(_) => Err(Outcome::TimedOut),
+        }
+    }
+
+    /// One exchange within the client's timeout. A WebSocket that failed one is
+    /// dropped (a late echo must not answer the next message), and reopened next time.
+    async fn exchange(&mut self, run: &ClientRun) -> Outcome {
+        let timeout = run.spec.timeout;
+        match self {
+            Worker::Http(client) => timed(timeout, run.http_exchange(client)).await,
+            Worker::Grpc(client) => timed(timeout, grpc::call(run, client)).await,
+            Worker::WebSocket(slot) => {
+                let Some(socket) = slot.as_mut() else {
+                    return Outcome::Broken;
+                };
+                let outcome = timed(timeout, websocket::round_trip(run, socket)).await;
+                if !matches!(outcome, Outcome::Answer(_)) {
+                    *slot = None;
+                }
+                outcome
+            }
+        }
+    }
+}
+
+impl Collected {
+    fn add(&self, record: RequestRecord, local: Option<SocketAddr>) {
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
+        if let Some(local) = local {
+            self.connections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(local);
+        }
+    }
+
+    fn output(&self) -> ClientOutput {
+        let mut records =
+            std::mem::take(&mut *self.records.lock().unwrap_or_else(|e| e.into_inner()));
+        records.sort_by_key(|r| r.seq);
+        let connections = self
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        ClientOutput {
+            records,
+            connections,
+        }
     }
 }
 

@@ -62,7 +62,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::firewall::Firewall;
-use crate::scenario::{Action, BaseUsage, LinkChange, Scenario, StrategySpec};
+use crate::scenario::{
+    Action, BaseUsage, LinkChange, Scenario, ServiceProtocol, ServiceSpecDoc, StrategySpec,
+};
 use crate::stats::ProxyCounters;
 use crate::TestbedError;
 
@@ -244,8 +246,54 @@ struct TopologyNode {
 struct TopologyService {
     name: String,
     namespace: String,
+    /// Only a `grpc` service declares its port, to say it speaks h2c (its endpoints'
+    /// one unnamed port takes the service port's `appProtocol`, as in Kubernetes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ports: Vec<TopologyPort>,
     settings: BTreeMap<String, String>,
     endpoints: Vec<TopologyEndpoint>,
+}
+
+#[derive(Serialize)]
+struct TopologyPort {
+    name: String,
+    port: u16,
+    /// The port's `appProtocol`.
+    protocol: String,
+}
+
+/// The service port of a scenario service, in the topology files and as the Service
+/// object of `--kube` runs: named `http`, or `grpc` with `appProtocol: grpc` for a
+/// `protocol: grpc` service.
+pub(crate) fn service_port(protocol: ServiceProtocol) -> (&'static str, Option<&'static str>) {
+    match protocol {
+        ServiceProtocol::Http => ("http", None),
+        ServiceProtocol::Grpc => ("grpc", Some("grpc")),
+    }
+}
+
+impl TopologyService {
+    fn new(
+        spec: &ServiceSpecDoc,
+        settings: &[(String, String)],
+        endpoints: Vec<TopologyEndpoint>,
+    ) -> Self {
+        let ports = match service_port(spec.protocol) {
+            (name, Some(protocol)) => vec![TopologyPort {
+                name: name.to_string(),
+                port: 80,
+                protocol: protocol.to_string(),
+            }],
+            (_, None) => Vec::new(),
+        };
+        Self {
+            name: spec.name.clone(),
+            namespace: spec.namespace.clone(),
+            ports,
+            settings: settings.iter().cloned().collect(),
+            endpoints,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -433,6 +481,7 @@ impl Cluster {
                         name: &s.name,
                         namespace: &s.namespace,
                         settings,
+                        port: service_port(s.protocol),
                     })
                     .collect();
                 publisher.services(&services).await?;
@@ -515,7 +564,8 @@ impl Cluster {
         };
         let mut config = BackendConfig::new(name.clone())
             .processing(spec.processing)
-            .seed(seed);
+            .seed(seed)
+            .websockets(true);
         config.workers = spec.workers;
         config.cpu = cpus[node].clone();
         let backend = Backend::spawn(SocketAddr::new(ips[node], 0), config)
@@ -579,6 +629,9 @@ impl Cluster {
         let config = ProxyConfig {
             upstream_bind: Some(ip),
             shutdown_grace: Duration::from_secs(1),
+            // Every client's link reaches the proxy from 127.0.0.1, yet stands for
+            // devices of their own: their WebSockets are not one client's.
+            max_tunnels_per_client: usize::MAX,
             ..ProxyConfig::default()
         };
         let proxy = Proxy::new(router.clone(), metrics, config);
@@ -704,6 +757,7 @@ impl Cluster {
                         addr: gate.addr(),
                         node: node.name.clone(),
                         zone: node.zone.clone(),
+                        port_name: service_port(service.protocol).0.to_string(),
                     })
                 })
                 .collect()
@@ -724,11 +778,8 @@ impl Cluster {
                 .services
                 .iter()
                 .enumerate()
-                .map(|(si, s)| TopologyService {
-                    name: s.name.clone(),
-                    namespace: s.namespace.clone(),
-                    settings: self.settings[si].iter().cloned().collect(),
-                    endpoints: state
+                .map(|(si, s)| {
+                    let endpoints = state
                         .instances
                         .iter()
                         .filter(|i| i.service == si && i.listed)
@@ -740,7 +791,8 @@ impl Cluster {
                                 node: self.scenario.nodes[i.node].name.clone(),
                             })
                         })
-                        .collect(),
+                        .collect();
+                    TopologyService::new(s, &self.settings[si], endpoints)
                 })
                 .collect()
         };
@@ -1261,4 +1313,61 @@ fn check_kube_names(scenario: &Scenario) -> Result<(), TestbedError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxima_core::{PortProtocol, ServiceKey, Update};
+
+    fn service(name: &str, protocol: ServiceProtocol) -> ServiceSpecDoc {
+        ServiceSpecDoc {
+            name: name.into(),
+            namespace: "default".into(),
+            settings: Vec::new(),
+            slo: Duration::from_millis(100),
+            protocol,
+            instances: Vec::new(),
+        }
+    }
+
+    /// A `grpc` service's port says `grpc` in the topology file, and the proxy's route
+    /// then speaks h2c to its endpoints (given as `address: ip:port`); an `http`
+    /// service's route speaks HTTP/1.1.
+    #[test]
+    fn a_grpc_service_is_routed_over_h2c() {
+        let endpoint = |id: &str| TopologyEndpoint {
+            id: id.into(),
+            address: "127.0.1.1:9000".into(),
+            node: "a".into(),
+        };
+        let doc = TopologyDoc {
+            nodes: Vec::new(),
+            services: vec![
+                TopologyService::new(
+                    &service("rpc", ServiceProtocol::Grpc),
+                    &[],
+                    vec![endpoint("r")],
+                ),
+                TopologyService::new(
+                    &service("api", ServiceProtocol::Http),
+                    &[],
+                    vec![endpoint("h")],
+                ),
+            ],
+        };
+        let text = serde_yaml::to_string(&doc).unwrap();
+        assert!(text.contains("protocol: grpc"), "{text}");
+        let topology = proxima_discovery::parse(&text).unwrap();
+        let router = Router::new(None);
+        router.apply([Update::from(topology)], Instant::now());
+        let table = router.table();
+        let protocol = |name: &str| {
+            let route = &table.services[&ServiceKey::new("default", name)];
+            let slot = (!route.spec.ports.is_empty()).then_some(0);
+            route.addr(slot, 0).map(|target| target.protocol)
+        };
+        assert_eq!(protocol("rpc"), Some(PortProtocol::H2c));
+        assert_eq!(protocol("api"), Some(PortProtocol::Http1));
+    }
 }

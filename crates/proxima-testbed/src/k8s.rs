@@ -5,7 +5,8 @@
 //! and publishes the emulated cluster as Kubernetes objects: a Node per node (InternalIP
 //! = the node's address, labels `proxima.io/admin-port` and the zone), a Service per
 //! scenario service (`proxima.io/enabled: "true"` and every setting, strategy included,
-//! as a `proxima.io/<key>` annotation), and one EndpointSlice per listed instance (its
+//! as a `proxima.io/<key>` annotation; a `grpc` service's port has `appProtocol: grpc`,
+//! so the proxies reach its pods over h2c), and one EndpointSlice per listed instance (its
 //! gate's address and port, node, zone, ready). Each node's router is fed by its own
 //! `proxima_k8s` discovery watching that API server. Instances joining, leaving or
 //! failing become EndpointSlice writes and deletions ([`Publisher`]).
@@ -97,6 +98,9 @@ pub struct ServiceObject<'a> {
     pub namespace: &'a str,
     /// `key = value` settings, published as `proxima.io/<key>` annotations.
     pub settings: &'a [(String, String)],
+    /// Its port's name and `appProtocol` (`grpc` for a gRPC service: its pods are
+    /// reached over h2c).
+    pub port: (&'a str, Option<&'a str>),
 }
 
 /// One listed instance, published as an EndpointSlice of its own (slice ports are
@@ -117,6 +121,9 @@ pub struct SliceObject {
     pub node: String,
     /// Zone of that node.
     pub zone: Option<String>,
+    /// The name of its service's port (`http`, or `grpc`), which the slice's port
+    /// must match.
+    pub port_name: String,
 }
 
 /// Writes one run's objects and remembers which, to delete them at the end.
@@ -232,13 +239,18 @@ impl Publisher {
                 annotations.insert(format!("proxima.io/{key}"), value.clone());
             }
             let api: Api<Service> = Api::namespaced(self.client.clone(), s.namespace);
+            let (port_name, app_protocol) = s.port;
+            let mut port = json!({"name": port_name, "port": 80, "protocol": "TCP"});
+            if let Some(app_protocol) = app_protocol {
+                port["appProtocol"] = json!(app_protocol);
+            }
             apply(
                 &api,
                 s.name,
                 json!({"apiVersion": "v1", "kind": "Service",
                        "metadata": {"name": s.name, "namespace": s.namespace,
                                     "annotations": annotations},
-                       "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}),
+                       "spec": {"ports": [port]}}),
             )
             .await?;
             self.services
@@ -267,7 +279,7 @@ impl Publisher {
                     "metadata": {"name": new.name, "namespace": new.namespace,
                                  "labels": {proxima_k8s::SERVICE_NAME_LABEL: new.service}},
                     "addressType": if new.addr.is_ipv4() { "IPv4" } else { "IPv6" },
-                    "ports": [{"name": "http", "port": new.addr.port(), "protocol": "TCP"}],
+                    "ports": [{"name": new.port_name, "port": new.addr.port(), "protocol": "TCP"}],
                     "endpoints": [{
                         "addresses": [new.addr.ip().to_string()],
                         "nodeName": new.node,

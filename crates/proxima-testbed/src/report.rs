@@ -10,8 +10,13 @@
 //!   spread of requests over its instances (max/min over those with at least 1%);
 //! * `instances.csv`: requests per instance, per run and phase (`phase` = `all` for the
 //!   whole run);
+//! * `clients.csv`: one line per run and client: its service, its `protocol` (`http`,
+//!   `grpc` or `websocket`: what its requests were, so that results for gRPC calls and
+//!   WebSocket messages are told from HTTP requests), the connections to its proxy that
+//!   carried answers, and its numbers;
 //! * `requests.csv` (with `--raw`): every request, with its error kind (`status`,
-//!   `connection` or `timeout`) when it failed.
+//!   `grpc-status` for a gRPC call answered with a code other than OK, `connection` or
+//!   `timeout`) when it failed; its client's protocol is in `clients.csv`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -272,15 +277,19 @@ pub fn table(runs: &[RunReport]) -> String {
         }
     }
     if runs.iter().any(|r| r.clients.len() > 1) {
-        let _ = writeln!(out, "\nper client (avg ms, req/s):");
+        let _ = writeln!(out, "\nper client [protocol] (avg ms, req/s):");
         for r in runs {
             let parts: Vec<String> = r
                 .clients
                 .iter()
                 .map(|c| {
                     format!(
-                        "{}@{}: {:.2} ms {:.1} req/s",
-                        c.name, c.node, c.summary.avg_ms, c.summary.throughput
+                        "{}@{} [{}]: {:.2} ms {:.1} req/s",
+                        c.name,
+                        c.node,
+                        c.protocol.as_str(),
+                        c.summary.avg_ms,
+                        c.summary.throughput
                     )
                 })
                 .collect();
@@ -288,6 +297,39 @@ pub fn table(runs: &[RunReport]) -> String {
         }
     }
     out
+}
+
+/// `clients.csv`: one line per run and client.
+fn clients_csv(runs: &[RunReport]) -> String {
+    let mut text = String::from(
+        "variant,label,client,node,service,protocol,connections,requests,failed,timeouts,slo_share,avg_ms,p50_ms,p95_ms,p99_ms,throughput\n",
+    );
+    for r in runs {
+        for c in &r.clients {
+            let s = &c.summary;
+            let _ = writeln!(
+                text,
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                csv_field(&r.variant),
+                csv_field(&r.label),
+                csv_field(&c.name),
+                csv_field(&c.node),
+                csv_field(&c.service),
+                c.protocol.as_str(),
+                c.connections,
+                s.requests,
+                s.failed,
+                s.timeouts,
+                s.slo_share,
+                s.avg_ms,
+                s.p50_ms,
+                s.p95_ms,
+                s.p99_ms,
+                s.throughput,
+            );
+        }
+    }
+    text
 }
 
 fn csv_field(s: &str) -> String {
@@ -302,9 +344,8 @@ fn write(path: &Path, text: &str) -> Result<(), TestbedError> {
     std::fs::write(path, text).map_err(|e| TestbedError::io(path, e))
 }
 
-/// Write `results.json`, `summary.csv`, `services.csv`, `instances.csv` (and
-/// `requests.csv` when `raw`)
-/// into `dir`.
+/// Write `results.json`, `summary.csv`, `services.csv`, `instances.csv`,
+/// `clients.csv` (and `requests.csv` when `raw`) into `dir`.
 pub fn write_files(
     dir: &Path,
     provenance: &Provenance,
@@ -443,6 +484,7 @@ pub fn write_files(
         }
     }
     write(&dir.join("instances.csv"), &instances)?;
+    write(&dir.join("clients.csv"), &clients_csv(runs))?;
 
     if raw {
         let mut text = String::from(

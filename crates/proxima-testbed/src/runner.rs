@@ -294,11 +294,13 @@ async fn drive(
         clients.push(tokio::spawn(run.run()));
     }
     let mut records: Vec<RequestRecord> = Vec::new();
+    let mut connections = Vec::new();
     for c in clients {
-        records.extend(
-            c.await
-                .map_err(|e| TestbedError::Invalid(format!("a client failed: {e}")))?,
-        );
+        let output = c
+            .await
+            .map_err(|e| TestbedError::Invalid(format!("a client failed: {e}")))?;
+        records.extend(output.records);
+        connections.push(output.connections);
     }
     let counters_at_end = cluster.proxy_counters();
     let host = sampler.finish().await;
@@ -326,6 +328,9 @@ async fn drive(
         host,
     );
     run.proxy = counters_at_end.since(&counters_at_start);
+    for (client, n) in run.clients.iter_mut().zip(connections) {
+        client.connections = n;
+    }
     // Phase k runs from the k-th snapshot (the start, then each event) to the next.
     let bounds: Vec<ProxyCounters> = std::iter::once(counters_at_start)
         .chain(phase_ends)
@@ -436,6 +441,12 @@ fn report(
         .map(|(i, c)| ClientReport {
             name: c.name.clone(),
             node: scenario.nodes[c.node].name.clone(),
+            service: {
+                let s = &scenario.services[c.service];
+                format!("{}.{}", s.name, s.namespace)
+            },
+            protocol: c.protocol,
+            connections: 0,
             summary: Summary::of(records.iter().filter(|r| usize::from(r.client) == i), &slo),
         })
         .collect();

@@ -14,6 +14,7 @@
 //!   matrix: { nodes: [edge-1, edge-2], rows: [[0, 20], [20, 0]] }   # ms; row = from
 //! services:
 //!   - name: api
+//!     protocol: http            # or grpc: its instances' port speaks h2c (default http)
 //!     settings: { latency-slo: 80ms, qos-pool-window: 20 }   # as Service annotations
 //!     instances:
 //!       - { name: api-1, node: edge-1, processing: "normal(5ms, 1ms)", workers: 4 }
@@ -30,6 +31,7 @@
 //!     body: '{"co2": 412}'
 //!     timeout: 5s               # give up on a request after this (default:
 //!                               # testbed.client-timeout, 30s); counted as a timeout
+//!     protocol: http            # http (default), grpc or websocket; see below
 //! events:
 //!   - name: T1
 //!     at: 250                   # after 250 requests (all clients), or a time: 5s
@@ -52,6 +54,19 @@
 //! variants:                     # optional: run everything once per variant, with
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
+//!
+//! A client's `protocol` says what its requests are, so that the QoS results can be
+//! checked for every kind of traffic the proxy balances:
+//!
+//! * `http`: one request per ticket over a pool of HTTP/1.1 keep-alive connections.
+//! * `grpc`: unary gRPC calls (`POST`, default path `/testbed.Echo/Call`, `body` as the
+//!   message's payload) all on **one** HTTP/2 connection to the proxy, which balances
+//!   them call by call; a call succeeds with `200` and `grpc-status: 0`. Its service
+//!   must be `protocol: grpc` (pods on h2c), as a gRPC server's port would be.
+//! * `websocket`: every worker holds one WebSocket through the proxy (pinned to the pod
+//!   that answered its `101`) and sends `body` (or `ping`) as a message per ticket; a
+//!   message's round trip is the response time. Its service must be `http` (the proxy
+//!   opens WebSockets over HTTP/1.1 only).
 //!
 //! The full schema is in `docs/testbed.md`. Checking is strict and reports every
 //! problem with its line ([`crate::shape`] first: keys and forms; then names, values,
@@ -171,6 +186,7 @@ struct MatrixDoc {
 struct ServiceDoc {
     name: String,
     namespace: Option<String>,
+    protocol: Option<String>,
     #[serde(default)]
     settings: BTreeMap<String, Value>,
     instances: Vec<InstanceDoc>,
@@ -203,6 +219,7 @@ struct ClientDoc {
     path: Option<String>,
     body: Option<String>,
     timeout: Option<String>,
+    protocol: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -431,6 +448,8 @@ pub struct ServiceSpecDoc {
     pub settings: Vec<(String, String)>,
     /// The service's latency SLO (`latency-slo`, or its default), for the report.
     pub slo: Duration,
+    /// What its instances' port speaks.
+    pub protocol: ServiceProtocol,
     /// Every instance, including those that `join` later.
     pub instances: Vec<InstanceSpec>,
 }
@@ -478,6 +497,75 @@ pub struct ClientSpec {
     /// Longest a request may take before the client gives up on it (counted as a
     /// timeout, never within the SLO); `timeout`, else `testbed.client-timeout`.
     pub timeout: Duration,
+    /// What the requests are (see the module docs).
+    pub protocol: ClientProtocol,
+}
+
+/// What a client sends (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientProtocol {
+    /// HTTP/1.1 requests.
+    #[default]
+    Http,
+    /// Unary gRPC calls on one HTTP/2 connection.
+    Grpc,
+    /// Messages on WebSockets, one per worker.
+    WebSocket,
+}
+
+impl ClientProtocol {
+    const NAMES: [(&'static str, Self); 3] = [
+        ("http", Self::Http),
+        ("grpc", Self::Grpc),
+        ("websocket", Self::WebSocket),
+    ];
+
+    /// The name written in scenarios, reports and CSV files.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("", |(n, _)| n)
+    }
+
+    /// The path requests go to when the client names none.
+    pub fn default_path(self) -> &'static str {
+        match self {
+            Self::Grpc => "/testbed.Echo/Call",
+            Self::Http | Self::WebSocket => "/",
+        }
+    }
+
+    /// The only method of the protocol's requests (`None`: any).
+    fn method(self) -> Option<http::Method> {
+        match self {
+            Self::Http => None,
+            Self::Grpc => Some(http::Method::POST),
+            Self::WebSocket => Some(http::Method::GET),
+        }
+    }
+}
+
+/// What a service's instances speak on their port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceProtocol {
+    /// HTTP/1.1 (the port declares nothing).
+    #[default]
+    Http,
+    /// HTTP/2 with prior knowledge: the port is declared `grpc` (`appProtocol`).
+    Grpc,
+}
+
+impl ServiceProtocol {
+    /// The name written in scenarios (and the port's `appProtocol` for `grpc`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+        }
+    }
 }
 
 /// When an event happens.
@@ -909,6 +997,74 @@ fn fraction(what: &str, value: f64) -> Result<f64, ScenarioError> {
     }
 }
 
+/// A service's `protocol` (default `http`).
+fn service_protocol(at: &str, value: Option<&str>) -> Result<ServiceProtocol, ScenarioError> {
+    match value.unwrap_or("http") {
+        "http" => Ok(ServiceProtocol::Http),
+        "grpc" => Ok(ServiceProtocol::Grpc),
+        other => Err(invalid(format!(
+            "{at}.protocol: {other:?} is not a service protocol: expected http or grpc"
+        ))),
+    }
+}
+
+/// A client's `protocol` (default `http`), which its service must speak: gRPC calls
+/// need pods on h2c, WebSockets pods on HTTP/1.1 (the proxy does not open them over h2c).
+fn client_protocol(
+    what: &str,
+    value: Option<&str>,
+    service: Option<&ServiceSpecDoc>,
+) -> Result<ClientProtocol, ScenarioError> {
+    let value = value.unwrap_or("http");
+    let Some(&(_, protocol)) = ClientProtocol::NAMES.iter().find(|(n, _)| *n == value) else {
+        return Err(invalid(format!(
+            "{what}.protocol: {value:?} is not a client protocol: expected http, grpc or websocket"
+        )));
+    };
+    let Some(service) = service else {
+        return Ok(protocol);
+    };
+    let needs = match protocol {
+        ClientProtocol::Grpc => ServiceProtocol::Grpc,
+        ClientProtocol::WebSocket => ServiceProtocol::Http,
+        ClientProtocol::Http => return Ok(protocol),
+    };
+    if service.protocol != needs {
+        return Err(invalid(format!(
+            "{what}.protocol: a {value} client needs a service with `protocol: {}`, and \
+             service {:?} is {}",
+            needs.as_str(),
+            service.name,
+            service.protocol.as_str()
+        )));
+    }
+    Ok(protocol)
+}
+
+/// A client's `method`: default `GET`, or `POST` with a body; gRPC calls are `POST` and
+/// WebSocket handshakes `GET`, whatever else is given.
+fn client_method(
+    what: &str,
+    c: &ClientDoc,
+    protocol: ClientProtocol,
+) -> Result<http::Method, ScenarioError> {
+    let default = if c.body.is_some() { "POST" } else { "GET" };
+    let method = c
+        .method
+        .as_deref()
+        .unwrap_or(default)
+        .parse::<http::Method>()
+        .map_err(|_| invalid(format!("{what}.method: not an HTTP method")))?;
+    match protocol.method() {
+        None => Ok(method),
+        Some(only) if c.method.is_none() || method == only => Ok(only),
+        Some(only) => Err(invalid(format!(
+            "{what}.method: a {} client sends {only}",
+            protocol.as_str()
+        ))),
+    }
+}
+
 /// Check a parsed document and resolve names into indices. Every problem found is
 /// reported (one message each, `path: what is wrong`); items that depend on a broken
 /// one are skipped rather than reported again.
@@ -1046,7 +1202,9 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
                 }
             }
         }
+        let protocol = or_note!(service_protocol(&at, s.protocol.as_deref()));
         services.push(ServiceSpecDoc {
+            protocol: protocol.unwrap_or_default(),
             name: s.name.clone(),
             namespace: s
                 .namespace
@@ -1088,13 +1246,16 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
                 ))));
             }
         }
-        let method = or_note!(c
-            .method
-            .as_deref()
-            .unwrap_or(if c.body.is_some() { "POST" } else { "GET" })
-            .parse::<http::Method>()
-            .map_err(|_| invalid(format!("{what}.method: not an HTTP method"))));
-        let path = c.path.clone().unwrap_or_else(|| "/".to_string());
+        let protocol = or_note!(client_protocol(
+            &what,
+            c.protocol.as_deref(),
+            service.and_then(|s| services.get(s))
+        ));
+        let method = or_note!(client_method(&what, c, protocol.unwrap_or_default()));
+        let path = c
+            .path
+            .clone()
+            .unwrap_or_else(|| protocol.unwrap_or_default().default_path().to_string());
         if !path.starts_with('/') {
             note(Err(invalid(format!("{what}.path: must start with /"))));
         }
@@ -1127,6 +1288,7 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             (node, service, method, latency, timeout)
         {
             clients.push(ClientSpec {
+                protocol: protocol.unwrap_or_default(),
                 name,
                 node,
                 latency,
@@ -2043,7 +2205,7 @@ events:
             .replace("slo-percentile: 90", "slo-percentile: 190");
         let found = problems(&text);
         // The unknown key stops the shape check, so the rest waits for the next round.
-        assert_eq!(found, ["line 15: clients[0].colour: unknown key; accepted here: name, node, latency, service, requests, duration, concurrency, rate, method, path, body, timeout"]);
+        assert_eq!(found, ["line 15: clients[0].colour: unknown key; accepted here: name, node, latency, service, requests, duration, concurrency, rate, method, path, body, timeout, protocol"]);
         let text = text.replace(", colour: red", "");
         let found = problems(&text);
         assert_eq!(found.len(), 2, "{found:?}");
@@ -2067,6 +2229,57 @@ events:
             found[0].contains("nodes[0]: `name` is required"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn client_protocols_are_read_and_checked_against_their_service() {
+        let text = REGIONS
+            .replace("- name: api\n", "- name: api\n    protocol: grpc\n")
+            .replace(
+                "{ node: a1, service: api, duration: 10s }",
+                "{ node: a1, service: api, duration: 10s, protocol: grpc, body: hi }",
+            );
+        let s = ScenarioFile::parse(&text).unwrap().variant("").unwrap();
+        assert_eq!(s.services[0].protocol, ServiceProtocol::Grpc);
+        let client = &s.clients[0];
+        assert_eq!(client.protocol, ClientProtocol::Grpc);
+        assert_eq!(client.path, "/testbed.Echo/Call");
+        assert_eq!(client.method, http::Method::POST);
+        let defaults = ScenarioFile::parse(REGIONS).unwrap().variant("").unwrap();
+        assert_eq!(defaults.clients[0].protocol, ClientProtocol::Http);
+        assert_eq!(defaults.services[0].protocol, ServiceProtocol::Http);
+        for (from, to, expected) in [
+            (
+                "protocol: grpc\n",
+                "protocol: http\n",
+                "clients[0].protocol: a grpc client needs a service with `protocol: grpc`, \
+                 and service \"api\" is http",
+            ),
+            (
+                "protocol: grpc, body",
+                "protocol: websocket, body",
+                "a websocket client needs a service with `protocol: http`",
+            ),
+            (
+                "protocol: grpc, body",
+                "protocol: ftp, body",
+                "\"ftp\" is not a client protocol: expected http, grpc or websocket",
+            ),
+            (
+                "protocol: grpc\n",
+                "protocol: h3\n",
+                "services[0].protocol: \"h3\" is not a service protocol",
+            ),
+            (
+                "body: hi",
+                "body: hi, method: GET",
+                "clients[0].method: a grpc client sends POST",
+            ),
+        ] {
+            let found = problems(&text.replace(from, to)).join("\n");
+            assert!(found.contains(expected), "{to}: {found}");
+            assert!(found.starts_with("line "), "{found}");
+        }
     }
 
     #[test]

@@ -158,6 +158,7 @@ const INSTANCE: Shape = Shape::Map(&[
 const SERVICE: Shape = Shape::Map(&[
     ("name", Shape::Scalar),
     ("namespace", Shape::Scalar),
+    ("protocol", Shape::Scalar),
     ("settings", Shape::Settings),
     ("instances", Shape::List(&INSTANCE)),
 ]);
@@ -174,6 +175,7 @@ const CLIENT: Shape = Shape::Map(&[
     ("path", Shape::Scalar),
     ("body", Shape::Scalar),
     ("timeout", DURATION),
+    ("protocol", Shape::Scalar),
 ]);
 const BETWEEN: Shape = Shape::Map(&[("between", Shape::Pair)]);
 const ACTION: Shape = Shape::Map(&[

@@ -291,6 +291,13 @@ pub struct ClientReport {
     pub name: String,
     /// Name of the client's node.
     pub node: String,
+    /// `name.namespace` of its service.
+    pub service: String,
+    /// What its requests were: `http`, `grpc` (calls) or `websocket` (messages).
+    pub protocol: crate::scenario::ClientProtocol,
+    /// Connections to its node's proxy that carried an answer: one for `grpc` (every
+    /// call shares it), one per worker for `websocket` unless sockets broke.
+    pub connections: usize,
     /// Every request of the client.
     pub summary: Summary,
 }
@@ -505,6 +512,7 @@ mod tests {
             status,
             timed_out: false,
             instance,
+            grpc_status: None,
         }
     }
 
