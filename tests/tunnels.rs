@@ -1,6 +1,8 @@
 //! Upgrades through the proxy (`tunnel.rs`): a real WebSocket client (tokio-tungstenite)
 //! and a real WebSocket server as the pod, and pods that decline or misanswer.
 
+#[path = "support/binary.rs"]
+mod binary;
 mod common;
 
 use std::net::SocketAddr;
@@ -569,4 +571,67 @@ async fn a_client_past_its_tunnel_limit_gets_429_and_others_are_not_affected() {
     })
     .await;
     connect(&proxy).await.expect("room again");
+}
+
+/// The real binary, file discovery: WebSockets from an HTTP/1.1 client and from an
+/// HTTP/2 client (extended CONNECT) reach the pods of a topology file's service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_tunnels_websockets_from_http1_and_http2_clients() {
+    use hyper::client::conn::http2;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    let (a, b) = (websocket_pod("pod-a").await, websocket_pod("pod-b").await);
+    let dir = binary::TempDir::new("ws");
+    let path = dir.0.join("topology.yaml");
+    let topology = format!(
+        "services:\n  - name: ws\n    namespace: shop\n    endpoints:\n      - {{ id: pod-a, address: '{a}' }}\n      - {{ id: pod-b, address: '{b}' }}\n"
+    );
+    std::fs::write(&path, topology).expect("write topology");
+    let discovery = format!("file:{}", path.display());
+    let proxima = binary::Proxima::start(&["run", "--discovery", &discovery]).await;
+
+    let mut answered_by = std::collections::BTreeSet::new();
+    let mut open = Vec::new();
+    for i in 0..4 {
+        let stream = TcpStream::connect(proxima.proxy).await.expect("connect");
+        let mut request = format!("ws://{}/chat", proxima.proxy)
+            .into_client_request()
+            .expect("request");
+        request
+            .headers_mut()
+            .insert("x-service", http::HeaderValue::from_static("ws.shop"));
+        let (mut ws, _) = within(
+            "handshake",
+            tokio_tungstenite::client_async(request, stream),
+        )
+        .await
+        .expect("handshake");
+        let echo = round_trip(&mut ws, Message::text(format!("h1 {i}"))).await;
+        let text = echo.into_text().expect("text").to_string();
+        answered_by.insert(text.split(':').next().unwrap_or_default().to_string());
+        open.push(ws);
+    }
+    assert_eq!(answered_by.len(), 2, "{answered_by:?}");
+
+    let stream = TcpStream::connect(proxima.proxy).await.expect("connect");
+    let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut connect = http::Request::connect("http://ws.shop/chat")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    connect
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut response = within("extended CONNECT", sender.send_request(connect))
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), http::StatusCode::OK, "{response:?}");
+    let upgraded = hyper::upgrade::on(&mut response).await.expect("stream");
+    let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    let echo = round_trip(&mut ws, Message::text("over h2")).await;
+    assert!(echo.into_text().expect("text").ends_with(": over h2"));
 }
