@@ -477,18 +477,19 @@ async fn a_connection_that_served_plain_requests_can_then_switch() {
     assert_eq!(echo, Message::text("pod-0: after two requests"));
 }
 
-/// RFC 8441: an HTTP/2 client opens a WebSocket with extended CONNECT; the pod gets the
-/// HTTP/1.1 handshake and its `101` reaches the client as `200`; messages then travel
-/// on the client's HTTP/2 stream.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_client_opens_a_websocket_with_extended_connect() {
+/// An HTTP/2 client's extended CONNECT (RFC 8441) for a WebSocket to `ws.shop` through
+/// the proxy at `addr`: the `200`'s headers, and the WebSocket on the stream.
+async fn extended_connect(
+    addr: SocketAddr,
+) -> (
+    http::HeaderMap,
+    WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+) {
     use hyper::client::conn::http2;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use tokio_tungstenite::tungstenite::protocol::Role;
 
-    let pod = websocket_pod("pod-a").await;
-    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-a", pod)]).await;
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let stream = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
         .await
         .expect("h2 handshake");
@@ -504,10 +505,22 @@ async fn an_http2_client_opens_a_websocket_with_extended_connect() {
         .await
         .expect("answer");
     assert_eq!(response.status(), http::StatusCode::OK, "{response:?}");
-    assert!(!response.headers().contains_key("sec-websocket-accept"));
-    assert!(response.headers().contains_key("x-seen-forwarded-for"));
+    let headers = response.headers().clone();
     let upgraded = hyper::upgrade::on(&mut response).await.expect("stream");
-    let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    (headers, ws)
+}
+
+/// RFC 8441: an HTTP/2 client opens a WebSocket with extended CONNECT; the pod gets the
+/// HTTP/1.1 handshake and its `101` reaches the client as `200`; messages then travel
+/// on the client's HTTP/2 stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_opens_a_websocket_with_extended_connect() {
+    let pod = websocket_pod("pod-a").await;
+    let proxy = proxy_for(ProxyConfig::default(), vec![("pod-a", pod)]).await;
+    let (headers, mut ws) = extended_connect(proxy.addr).await;
+    assert!(!headers.contains_key("sec-websocket-accept"));
+    assert!(headers.contains_key("x-seen-forwarded-for"));
     for i in 0..3 {
         let echo = round_trip(&mut ws, Message::text(format!("over h2 {i}"))).await;
         assert_eq!(
@@ -577,10 +590,6 @@ async fn a_client_past_its_tunnel_limit_gets_429_and_others_are_not_affected() {
 /// HTTP/2 client (extended CONNECT) reach the pods of a topology file's service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_tunnels_websockets_from_http1_and_http2_clients() {
-    use hyper::client::conn::http2;
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use tokio_tungstenite::tungstenite::protocol::Role;
-
     let (a, b) = (websocket_pod("pod-a").await, websocket_pod("pod-b").await);
     let dir = binary::TempDir::new("ws");
     let path = dir.0.join("topology.yaml");
@@ -614,24 +623,7 @@ async fn the_binary_tunnels_websockets_from_http1_and_http2_clients() {
     }
     assert_eq!(answered_by.len(), 2, "{answered_by:?}");
 
-    let stream = TcpStream::connect(proxima.proxy).await.expect("connect");
-    let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(connection);
-    let mut connect = http::Request::connect("http://ws.shop/chat")
-        .header("sec-websocket-version", "13")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("request");
-    connect
-        .extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut response = within("extended CONNECT", sender.send_request(connect))
-        .await
-        .expect("answer");
-    assert_eq!(response.status(), http::StatusCode::OK, "{response:?}");
-    let upgraded = hyper::upgrade::on(&mut response).await.expect("stream");
-    let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    let (_, mut ws) = extended_connect(proxima.proxy).await;
     let echo = round_trip(&mut ws, Message::text("over h2")).await;
     assert!(echo.into_text().expect("text").ends_with(": over h2"));
 }
