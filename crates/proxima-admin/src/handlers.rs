@@ -1,17 +1,23 @@
 //! The admin endpoints themselves: plain functions from a request to a response.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError};
+use hyper::body::Body;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus::{Encoder, TextEncoder};
+use tower_http::BoxError;
 
 use crate::{AdminState, NodeEndpoints};
 
 type Reply = Response<Full<Bytes>>;
+
+/// What the admin server sends: a [`Reply`], or an answer of the layers in front of
+/// the handlers.
+pub(crate) type AdminBody = UnsyncBoxBody<Bytes, BoxError>;
 
 const INDEX: &str = "proxima admin\n\
 \n\
@@ -21,10 +27,12 @@ const INDEX: &str = "proxima admin\n\
 /debug/pools   QoS pools and why each endpoint is in or out (?service=name.namespace)\n\
 /node/ping     this node's name and usage, for peer proxies (when node measurements run)\n";
 
-/// Largest accepted `PUT /node/usage` body.
-const MAX_USAGE_BODY: usize = 4096;
-/// Time a client has to send the whole `PUT /node/usage` body.
-const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Largest request body the admin server reads (`PUT /node/usage` is the only request
+/// with one); tower-http's `RequestBodyLimit` holds every request to it.
+pub(crate) const MAX_BODY: usize = 4096;
+/// Time a request has to arrive whole, body included, and be answered (tower-http's
+/// `Timeout`): a client that sends a body slowly or never cannot hold a task for longer.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether `path` shows or changes what only operators and peers may see (see the crate
 /// docs).
@@ -60,43 +68,69 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
-pub(crate) async fn respond(
+pub(crate) async fn respond<B>(
     state: &AdminState,
     node: Option<&dyn NodeEndpoints>,
-    req: Request<Incoming>,
-) -> Reply {
+    req: Request<B>,
+) -> Reply
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     match (node, req.method(), req.uri().path()) {
         (Some(node), &Method::PUT, "/node/usage") => {
-            let declared = req
-                .headers()
-                .get(hyper::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > MAX_USAGE_BODY as u64) {
-                return json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body too large",
-                    &format!("the body may take at most {MAX_USAGE_BODY} bytes"),
-                );
-            }
-            let body = Limited::new(req.into_body(), MAX_USAGE_BODY).collect();
-            match tokio::time::timeout(BODY_TIMEOUT, body).await {
-                Ok(Ok(body)) => match node.put_usage(&body.to_bytes()) {
+            match req.into_body().collect().await.map_err(Into::into) {
+                Ok(body) => match node.put_usage(&body.to_bytes()) {
                     Ok(json) => reply(StatusCode::OK, "application/json", json),
                     Err((status, message)) => text(status, format!("{message}\n")),
                 },
-                Ok(Err(e)) => text(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the body: {e}\n"),
-                ),
+                // A chunked body past the limit: the limit layer answers a declared length
+                // that is too large before the handler runs.
+                Err(e) if e.is::<LengthLimitError>() => too_large(),
                 Err(_) => json_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body too slow",
-                    &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+                    StatusCode::BAD_REQUEST,
+                    "unreadable body",
+                    "the request body ended early or its framing is invalid",
                 ),
             }
         }
         _ => handle(state, node, &req),
+    }
+}
+
+fn too_large() -> Reply {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body too large",
+        &format!("the body may take at most {MAX_BODY} bytes"),
+    )
+}
+
+/// The answers the layers give themselves (413 for a declared length over
+/// [`MAX_BODY`], 408 past [`REQUEST_TIMEOUT`]: plain text or empty) in the admin
+/// server's JSON error form, like every other refusal.
+pub(crate) fn explain_refusal<B>(response: Response<B>) -> Response<AdminBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let explained = match response.status() {
+        _ if json => None,
+        StatusCode::PAYLOAD_TOO_LARGE => Some(too_large()),
+        StatusCode::REQUEST_TIMEOUT => Some(json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "request too slow",
+            &format!("the request was not received and answered within {REQUEST_TIMEOUT:?}"),
+        )),
+        _ => None,
+    };
+    match explained {
+        Some(reply) => reply.map(|body| body.map_err(|never| match never {}).boxed_unsync()),
+        None => response.map(|body| body.map_err(Into::into).boxed_unsync()),
     }
 }
 

@@ -34,12 +34,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
+use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use proxima_core::Router;
 use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+use tower_http::body::Limited;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, info, warn};
 
 use crate::gauges::TableGauges;
@@ -221,28 +227,35 @@ pub async fn serve_with_access(
         let service = {
             let (state, node) = (state.clone(), node.clone());
             let access = access.clone();
-            service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let (state, node) = (state.clone(), node.clone());
-                let allowed = access.allows(
-                    peer.ip(),
-                    req.headers()
-                        .get(hyper::header::AUTHORIZATION)
-                        .map(|v| v.as_bytes()),
-                );
-                async move {
-                    let response = if !allowed && handlers::is_private(req.uri().path()) {
-                        handlers::forbidden()
-                    } else {
-                        handlers::respond(&state, node.as_deref(), req).await
-                    };
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            })
+            ServiceBuilder::new()
+                .map_response(handlers::explain_refusal)
+                .layer(RequestBodyLimitLayer::new(handlers::MAX_BODY))
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::REQUEST_TIMEOUT,
+                    handlers::REQUEST_TIMEOUT,
+                ))
+                .service_fn(move |req: Request<Limited<Incoming>>| {
+                    let (state, node) = (state.clone(), node.clone());
+                    let allowed = access.allows(
+                        peer.ip(),
+                        req.headers()
+                            .get(hyper::header::AUTHORIZATION)
+                            .map(|v| v.as_bytes()),
+                    );
+                    async move {
+                        let response = if !allowed && handlers::is_private(req.uri().path()) {
+                            handlers::forbidden()
+                        } else {
+                            handlers::respond(&state, node.as_deref(), req).await
+                        };
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                })
         };
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(TokioIo::new(stream), service);
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
