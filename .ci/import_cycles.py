@@ -62,8 +62,9 @@ def strip_comments_and_strings(text):
 
 
 def strip_test_modules(text):
-    """Remove `#[cfg(test)] mod name { ... }` blocks (text already without strings)."""
-    pattern = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*([{;])")
+    """Remove `#[cfg(test)] mod name { ... }` blocks, and `#[cfg(all(test, ...))]` ones
+    (text already without strings)."""
+    pattern = re.compile(r"#\[cfg\((?:test|all\(test\b[^\]]*\))\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*([{;])")
     while True:
         m = pattern.search(text)
         if not m:
@@ -190,7 +191,8 @@ def dependencies(path, crate):
         target_module = next(m for m, p in modules.items() if p == target)
         if reexport and target_module[:len(module)] == module:
             return  # a parent handing its own descendant's names on
-        edges[target].add(rest[0] if rest else full[-1])
+        # `use super::*` in a top-level file names the crate root itself.
+        edges[target].add(rest[0] if rest else (full[-1] if full else "*"))
 
     use_pattern = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);")
     for m in use_pattern.finditer(text):
@@ -276,7 +278,11 @@ SELF_TEST = {
     "quiet/src/q.rs": (
         "// use crate::p::P;\npub struct Q;\nconst S: &str = \"crate::p::P\";\n"
         "#[cfg(test)]\nmod tests {\n    use crate::p::P;\n    fn f() { let _ = '{'; }\n}\n"
+        "#[cfg(all(test, loom))]\nmod model {\n    use super::*;\n    use crate::p::P;\n}\n"
     ),
+    # A top-level file's `use super::*` names the crate root: no cycle, no crash.
+    "glob/src/lib.rs": "mod g;\npub struct R;\n",
+    "glob/src/g.rs": "use super::*;\npub struct G(R);\n",
     # A parent using (not re-exporting) its child, which uses it back: a cycle.
     "nested/src/lib.rs": "mod m;\n",
     "nested/src/m/mod.rs": "mod c;\npub struct M;\nfn g() { let _ = c::helper(); }\nuse self::c::C;\n",
