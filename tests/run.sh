@@ -24,3 +24,8 @@ cargo build --profile dist --locked -p proxima
 
 echo "==> running the tests"
 cargo test --workspace "$@"
+
+# The pool list's seqlock under the loom model checker (crates/proxima-core/src/pool_list.rs):
+# a build of its own (`--cfg loom` swaps std's atomics for loom's), in its own target dir.
+echo "==> the pool list's seqlock under loom (every interleaving of a reader and two writers)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p proxima-core --lib loom_model
