@@ -195,12 +195,15 @@ async fn every_error_is_a_json_answer_with_its_status() {
         ("x-service", "bad name!"),
         ("x-service", ""),
         ("x-service", "api.shop.svc.other.domain"),
-        ("host", "api.shop:admin"),
         ("host", "[::1]:80"),
     ] {
         let reply = get(&client, &url, &[(name, value)]).await;
         reply.assert_error(StatusCode::BAD_REQUEST, "no service named");
     }
+    // A Host whose port is not digits is no host[:port] at all (RFC 9112 §3.2): refused
+    // before any service is looked for.
+    let reply = get(&client, &url, &[("host", "api.shop:admin")]).await;
+    reply.assert_error(StatusCode::BAD_REQUEST, "bad host");
     // Raw requests: HTTP/1.0 naming nothing, HTTP/1.1 without the Host it must have
     // (RFC 9112 §3.2), and a service name that is not ASCII.
     let raw = raw_exchange(proxy.addr, b"GET / HTTP/1.0\r\n\r\n").await;

@@ -173,8 +173,34 @@ fn bad_transfer_coding<B>(req: &Request<B>) -> Option<Refusal> {
 fn valid_host(value: &[u8]) -> bool {
     value.is_empty()
         || (!value.contains(&b'@')
+            && valid_port_and_literal(value)
             && http::uri::Authority::try_from(value)
                 .is_ok_and(|a| a.as_str().len() == value.len() && !a.host().is_empty()))
+}
+
+/// What `http`'s authority parser lets through in a `Host` value and RFC 3986 §3.2.2 does
+/// not: a port that is not `*DIGIT` (`http` reads it only when asked: `api:x` parses),
+/// and an IP literal that is not an IPv6 address (`[G::1]` parses). IPvFuture literals
+/// and zone identifiers are refused too: no pod is reached through them.
+fn valid_port_and_literal(value: &[u8]) -> bool {
+    let after_host = match value.first() {
+        Some(b'[') => {
+            let Some(end) = value.iter().position(|&b| b == b']') else {
+                return false;
+            };
+            let literal = std::str::from_utf8(&value[1..end]).unwrap_or_default();
+            if literal.parse::<std::net::Ipv6Addr>().is_err() {
+                return false;
+            }
+            end + 1
+        }
+        _ => value.iter().position(|&b| b == b':').unwrap_or(value.len()),
+    };
+    match &value[after_host..] {
+        [] => true,
+        [b':', digits @ ..] => digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
 }
 
 /// The proxy's own request limits and RFC 9112's rules for a request's head, answered
@@ -380,6 +406,43 @@ impl Admitted {
                 body.admit(permit);
             }
             response
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_is_a_host_and_an_optional_port_of_digits() {
+        for good in [
+            &b""[..],
+            b"api",
+            b"api.default:8080",
+            b"api:",
+            b"[::1]",
+            b"[::1]:80",
+            b"[::ffff:10.0.0.1]:80",
+            b"10.0.0.1:1",
+        ] {
+            assert!(valid_host(good), "{:?}", good.escape_ascii().to_string());
+        }
+        for bad in [
+            &b"api:x"[..],
+            b"api:80x",
+            b"api:8:0",
+            b"[::1]x",
+            b"[::1]:http",
+            b"[G::1]:80",
+            b"[1:::2]",
+            b"[v1.x]",
+            b"[::1",
+            b"a b",
+            b"user@api",
+            b":80",
+        ] {
+            assert!(!valid_host(bad), "{:?}", bad.escape_ascii().to_string());
         }
     }
 }
