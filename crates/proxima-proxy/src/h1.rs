@@ -945,6 +945,15 @@ fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Deco
                     return Err(H1Error::Chunked("invalid chunk size"));
                 }
                 match httparse::parse_chunk_size(buf) {
+                    // httparse passes over a bare LF inside an extension (it ends the line
+                    // only at CRLF); RFC 9112 §7.1.1 allows none there, and a peer that
+                    // ends the line at the LF reads a different body: refused, as hyper
+                    // does.
+                    Ok(httparse::Status::Complete((used, _)))
+                        if buf[..used - 2].contains(&b'\n') =>
+                    {
+                        return Err(H1Error::Chunked("bare LF in chunk size line"))
+                    }
                     Ok(httparse::Status::Complete((used, size))) => {
                         buf.advance(used);
                         *state = if size == 0 {
@@ -1629,6 +1638,10 @@ mod tests {
             b"-3\r\nabc\r\n0\r\n\r\n",
             b"10000000000000000\r\n",
             b"0\r\nbad trailer\r\n\r\n",
+            // A bare LF in an extension (RFC 9112 §7.1.1): a reader that ends the line
+            // there would take `3` for the next size line.
+            b"5;a\n3\r\nhello\r\n0\r\n\r\n",
+            b"0;a\nb\r\n\r\n",
         ] {
             assert!(
                 matches!(dechunk(bad, 64), Err(H1Error::Chunked(_))),
