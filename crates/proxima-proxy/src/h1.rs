@@ -944,6 +944,19 @@ fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Deco
                 if !first.is_ascii_hexdigit() {
                     return Err(H1Error::Chunked("invalid chunk size"));
                 }
+                // Leading zeros are part of the size (`1*HEXDIG`, RFC 9112 §7.1), however
+                // many; httparse takes 16 digits at most, zeros included. They go, but
+                // for the last one of a size of zero.
+                let zeros = buf.iter().take_while(|&&b| b == b'0').count();
+                if zeros > MAX_CHUNK_LINE {
+                    return Err(H1Error::Chunked("chunk size line too long"));
+                }
+                match buf.get(zeros) {
+                    None if zeros > 1 => return Ok(None),
+                    Some(next) if next.is_ascii_hexdigit() => buf.advance(zeros),
+                    Some(_) if zeros > 1 => buf.advance(zeros - 1),
+                    _ => {}
+                }
                 match httparse::parse_chunk_size(buf) {
                     // httparse passes over a bare LF inside an extension (it ends the line
                     // only at CRLF); RFC 9112 §7.1.1 allows none there, and a peer that
@@ -1626,6 +1639,31 @@ mod tests {
         let (data, trailers) = dechunk(b"3\r\nabc\r\n0\r\n\r\n", 2).unwrap();
         assert_eq!(data, b"abc");
         assert!(trailers.is_empty());
+    }
+
+    #[test]
+    fn a_chunk_size_may_have_any_number_of_leading_zeros() {
+        let zeros = "0".repeat(40);
+        let body = format!("{zeros}5\r\nhello\r\n{zeros}\r\nx-t: 1\r\n\r\n");
+        for step in [1, 3, 64] {
+            let (data, trailers) = dechunk(body.as_bytes(), step).unwrap();
+            assert_eq!(data, b"hello", "step {step}");
+            assert_eq!(trailers["x-t"], "1");
+        }
+        let endless = "0".repeat(MAX_CHUNK_LINE + 1);
+        assert!(matches!(
+            dechunk(endless.as_bytes(), 64),
+            Err(H1Error::Chunked(_))
+        ));
+        // Past the zeros, at most 64 bits.
+        assert!(matches!(
+            dechunk(b"000010000000000000000\r\n", 64),
+            Err(H1Error::Chunked(_))
+        ));
+        assert!(matches!(
+            dechunk(b"0000ffffffffffffffff\r\nabc", 64),
+            Err(H1Error::BodyCut)
+        ));
     }
 
     #[test]
