@@ -1032,6 +1032,13 @@ fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Option<Deco
 
 /// The trailer fields of a complete trailer section (with its final empty line).
 fn parse_trailers(section: &Bytes) -> Result<HeaderMap, H1Error> {
+    // Every trailer line ends in CRLF, as the section's end is found (and as hyper reads
+    // them): a bare LF, which RFC 9112 §2.2 only allows a recipient to take for a line
+    // end, is refused rather than taken for one inside the section and not at its end.
+    let bare_lf = |(i, &b): (usize, &u8)| b == b'\n' && (i == 0 || section[i - 1] != b'\r');
+    if section.iter().enumerate().any(bare_lf) {
+        return Err(H1Error::Chunked("bare LF in the trailer section"));
+    }
     let mut slots = [httparse::EMPTY_HEADER; MAX_TRAILERS];
     let fields = match httparse::parse_headers(section, &mut slots) {
         Ok(httparse::Status::Complete((_, fields))) => fields,
@@ -1680,6 +1687,8 @@ mod tests {
             // there would take `3` for the next size line.
             b"5;a\n3\r\nhello\r\n0\r\n\r\n",
             b"0;a\nb\r\n\r\n",
+            // Trailer lines end in CRLF.
+            b"0\r\nx-t: 1\nx-u: 2\r\n\r\n",
         ] {
             assert!(
                 matches!(dechunk(bad, 64), Err(H1Error::Chunked(_))),
