@@ -820,24 +820,36 @@ fn framing(
 /// have). Transfer-Encoding is hop-by-hop: the proxy takes chunked framing off, and a
 /// coding beyond it (gzip, ...) would reach the client undeclared, its body unreadable;
 /// it is refused rather than passed on mislabelled.
+///
+/// `identity` (RFC 2616's coding that codes nothing, still sent by old servers) is
+/// passed over, but not after `chunked`: `chunked, identity` does not end in chunked,
+/// so RFC 9112 §6.3 (rule 4) reads its body until the close, where passing over the
+/// `identity` would read it as chunked. Reading it until the close would hand the
+/// client the chunk framing as the body; it is refused instead.
 fn transfer_codings(headers: &mut HeaderMap) -> Result<bool, H1Error> {
     headers.remove(CONTENT_LENGTH);
-    let mut codings = headers
+    let codings = headers
         .get_all(TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
-    let last = codings.next_back();
-    if let Some(coding) = codings
-        .chain(last)
-        .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
-    {
+        .filter(|c| !c.is_empty());
+    let (mut chunked, mut ends_chunked) = (false, false);
+    for coding in codings {
+        ends_chunked = coding.eq_ignore_ascii_case(b"chunked");
+        chunked |= ends_chunked;
+        if !ends_chunked && !coding.eq_ignore_ascii_case(b"identity") {
+            return Err(H1Error::TransferCoding(
+                String::from_utf8_lossy(coding).into_owned(),
+            ));
+        }
+    }
+    if chunked && !ends_chunked {
         return Err(H1Error::TransferCoding(
-            String::from_utf8_lossy(coding).into_owned(),
+            "identity after chunked".to_string(),
         ));
     }
-    Ok(last.is_some())
+    Ok(chunked)
 }
 
 /// The checks of a response's length fields that [`framing`] makes, for one that
@@ -1500,6 +1512,9 @@ mod tests {
             "chunked, gzip",
             "gzip",
             "chunked\r\ntransfer-encoding: br",
+            // Not ending in chunked (RFC 9112 §6.3): hyper would read it until the close.
+            "chunked, identity",
+            "chunked\r\ntransfer-encoding: identity",
         ] {
             let text = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {codings}\r\n\r\n");
             assert!(
