@@ -113,6 +113,13 @@ fn breaks_rfc9112<B>(req: &Request<B>) -> Option<Refusal> {
     bad_host(req).or_else(|| bad_transfer_coding(req))
 }
 
+/// For the differential tests: the status the proxy refuses `req` with before routing
+/// it, by [`breaks_rfc9112`], if it does.
+#[doc(hidden)]
+pub fn refusal_for_differential<B>(req: &Request<B>) -> Option<u16> {
+    breaks_rfc9112(req).map(|refusal| refusal.status.as_u16())
+}
+
 /// RFC 9112 §3.2: exactly one valid `Host` in HTTP/1.1, at most one in HTTP/1.0.
 fn bad_host<B>(req: &Request<B>) -> Option<Refusal> {
     let mut hosts = req.headers().get_all(HOST).iter();

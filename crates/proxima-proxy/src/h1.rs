@@ -351,7 +351,13 @@ struct Head {
 
 impl Head {
     fn into_response(self, stream: TcpStream, drained: bool) -> Response<NativeBody> {
-        let mut body = NativeBody::new(stream, self.framing, self.keep_alive, self.rest, drained);
+        let mut body = NativeBody::new(
+            Some(stream),
+            self.framing,
+            self.keep_alive,
+            self.rest,
+            drained,
+        );
         body.raw = self.raw;
         Response::from_parts(self.parts, body)
     }
@@ -1087,15 +1093,16 @@ pub(crate) struct NativeBody {
 }
 
 impl NativeBody {
+    /// `stream`: `None` reads as a closed connection (the differential tests).
     fn new(
-        stream: TcpStream,
+        stream: Option<TcpStream>,
         framing: Framing,
         keep_alive: bool,
         early: Bytes,
         drained: bool,
     ) -> Self {
         let mut body = Self {
-            stream: Some(stream),
+            stream,
             early,
             buf: BytesMut::new(),
             framing,
@@ -1265,6 +1272,108 @@ pub fn decode_for_fuzzing(input: &[u8], head_request: bool, max_headers: usize) 
         Framing::Done => {}
     }
     (true, decoded)
+}
+
+/// An HTTP/1 message as plain data, for the differential tests (`tests/differential.rs`),
+/// which compare what the proxy's parsers make of some bytes with what hyper's make of
+/// them. Byte strings are kept escaped (`escape_ascii`), which loses nothing.
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlainMessage {
+    /// A request's method and target, or a response's status code and its reason
+    /// phrase (empty when it is the canonical one, as neither parser keeps it then).
+    pub start: [String; 2],
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// The header fields as the header map holds them: names lower case, in the map's
+    /// order (by name in order of first appearance, values in order).
+    pub headers: Vec<(String, String)>,
+    /// The body, decoded from its framing.
+    pub body: String,
+    /// The trailer fields of a chunked body, in the map's order.
+    pub trailers: Vec<(String, String)>,
+}
+
+impl PlainMessage {
+    /// The fields of `map`, as [`PlainMessage::headers`] holds them.
+    pub fn fields_of(map: &HeaderMap) -> Vec<(String, String)> {
+        map.iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_string(),
+                    value.as_bytes().escape_ascii().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// For the differential tests: what the native exchange makes of `input` sent by a pod
+/// that then closes the connection, in answer to a `GET` (or a `HEAD` if
+/// `head_request`): the response head as [`exchange`] parses it and its body and
+/// trailers as [`NativeBody`] decodes them (the close ends the input), or why it fails.
+/// The fields are those of the map the response would get (`map_raw_fields`), without
+/// `Connection`, `Keep-Alive` and `Proxy-Connection`, which the exchange leaves out.
+#[doc(hidden)]
+pub fn exchange_for_differential(
+    input: &[u8],
+    head_request: bool,
+    max_headers: usize,
+) -> Result<PlainMessage, String> {
+    // `exchange` parses once a read brings a line end, and fails at the close with the
+    // head incomplete.
+    let mut buf = BytesMut::from(input);
+    let head = match input.contains(&b'\n') {
+        true => parse_head(&mut buf, max_headers, head_request).map_err(|e| e.to_string())?,
+        false => None,
+    };
+    let Some(head) = head else {
+        let error = match input.is_empty() {
+            true => H1Error::ClosedBeforeResponse,
+            false => H1Error::IncompleteHead,
+        };
+        return Err(error.to_string());
+    };
+    let headers = match &head.raw {
+        Some(raw) => raw.to_map().map_err(|e| e.to_string())?,
+        None => head.parts.headers.clone(),
+    };
+    let reason = head
+        .parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map_or(String::new(), |r| r.as_bytes().escape_ascii().to_string());
+    let mut message = PlainMessage {
+        start: [head.parts.status.as_str().to_string(), reason],
+        version: head.parts.version,
+        headers: PlainMessage::fields_of(&headers),
+        body: String::new(),
+        trailers: Vec::new(),
+    };
+    let mut body = NativeBody::new(None, head.framing, head.keep_alive, head.rest, false);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut data = Vec::new();
+    loop {
+        match body.poll_frame(&mut cx) {
+            Poll::Ready(None) => break,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        message.trailers = PlainMessage::fields_of(trailers);
+                    }
+                }
+            },
+            Poll::Ready(Some(Err(e))) => return Err(e.to_string()),
+            // Without a connection every read ends at once.
+            Poll::Pending => return Err("body pending without a connection".to_string()),
+        }
+    }
+    if !body.is_end_stream() {
+        return Err("body not read to its end".to_string());
+    }
+    message.body = data.escape_ascii().to_string();
+    Ok(message)
 }
 
 #[cfg(test)]

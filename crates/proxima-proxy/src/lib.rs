@@ -68,14 +68,20 @@ pub use prometheus;
 
 pub use body::ResponseBody;
 pub use config::ProxyConfig;
+#[doc(hidden)]
+pub use conn_service::refusal_for_differential;
 pub use connect::connect_from;
 pub use give_way::DEFAULT_LIMIT as DEFAULT_YIELD_AFTER;
 #[doc(hidden)]
 pub use h1::decode_for_fuzzing;
+#[doc(hidden)]
+pub use h1::{exchange_for_differential, PlainMessage};
 pub use h1::{H1Error, UpstreamError};
 pub use metrics::{Metrics, MetricsOptions};
 pub use prober::run_prober;
 pub use serve_h1::parse_request_for_fuzzing;
+#[doc(hidden)]
+pub use serve_h1::{parse_request_for_differential, NativeRequest};
 pub use server::serve;
 pub use target::{parse_target, TargetError, TargetSource};
 pub use workers::{serve_on_workers, WorkerCpus, WorkerOptions, Workers};

@@ -437,6 +437,65 @@ pub fn parse_request_for_fuzzing(input: &[u8], max_headers: usize) -> (bool, usi
     (native, buf.len())
 }
 
+/// What the native loop makes of the bytes at the start of a connection (or after its
+/// last request), for the differential tests.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum NativeRequest {
+    /// Served natively: the request as the service gets it (never with a body: one
+    /// with a body goes to hyper), whether the connection stays open after it, and how
+    /// many bytes of the input its head took.
+    Served {
+        /// The request.
+        message: crate::h1::PlainMessage,
+        /// Whether the loop reads another request after answering this one.
+        keep_alive: bool,
+        /// Bytes of the input the head took; the rest stays buffered.
+        used: usize,
+    },
+    /// No complete head yet: the loop reads on (or, at the close, closes).
+    Partial,
+    /// Left to hyper, every byte of the input with it.
+    Handoff,
+}
+
+/// For the differential tests: parse the start of `input` as the native loop does (it
+/// parses once its buffer holds a line end).
+#[doc(hidden)]
+pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> NativeRequest {
+    if !input.contains(&b'\n') {
+        return NativeRequest::Partial;
+    }
+    let mut buf = BytesMut::from(input);
+    match parse_request(&mut buf, max_headers, &mut Vec::new(), &SERVICE_HEADER) {
+        Parse::Partial => NativeRequest::Partial,
+        Parse::NotNative => NativeRequest::Handoff,
+        Parse::Request(Native {
+            request,
+            keep_alive,
+        }) => {
+            let body = match request.body() {
+                RequestBody::Empty => String::new(),
+                _ => "<a body the native loop cannot have>".to_string(),
+            };
+            NativeRequest::Served {
+                message: crate::h1::PlainMessage {
+                    start: [
+                        request.method().as_str().to_string(),
+                        request.uri().to_string(),
+                    ],
+                    version: request.version(),
+                    headers: crate::h1::PlainMessage::fields_of(request.headers()),
+                    body,
+                    trailers: Vec::new(),
+                },
+                keep_alive,
+                used: input.len() - buf.len(),
+            }
+        }
+    }
+}
+
 /// How the response body is delimited on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Framing {
