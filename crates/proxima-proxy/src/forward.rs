@@ -56,7 +56,7 @@ use proxima_core::{
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::body::{Finish, ResponseBody, Rest, UpstreamBody};
 use crate::connect::ConnectError;
@@ -68,6 +68,9 @@ use crate::reply;
 use crate::request_body::RequestBody;
 use crate::target::{split_port, TargetError, TargetSource};
 use crate::Proxy;
+use verdict::{Ended, Next, Place, Refusal};
+
+mod verdict;
 
 /// Pooled connections tried for one attempt before a fresh one is opened.
 const MAX_STALE: usize = 3;
@@ -119,6 +122,75 @@ pub(crate) enum Attempt {
     ClientBodyFailed(hyper::Error),
     /// The request deadline passed before response headers arrived.
     TimedOut { sent: bool },
+}
+
+/// Whether a failed request may go to another pod: a retry is left and the service's
+/// retry budget consents (it counts the retry when it does).
+fn may_retry(service: &ServiceMetrics, picked: &Picked, done: u32, retries: u32) -> bool {
+    if done >= retries {
+        return false;
+    }
+    if !picked.route().retry_budget().try_retry(Instant::now()) {
+        service.retry_refused();
+        debug!(
+            service = service.label(),
+            "retry budget spent: not retrying"
+        );
+        return false;
+    }
+    true
+}
+
+/// `400` for a request whose own body broke while it was sent.
+fn answer_client_body_failed(
+    service: &ServiceMetrics,
+    error: &hyper::Error,
+) -> Response<ResponseBody> {
+    debug!(service = service.label(), %error, "client request body failed");
+    service.answered(StatusCode::BAD_REQUEST);
+    reply::error(
+        StatusCode::BAD_REQUEST,
+        "request body failed",
+        service.label(),
+        &describe(error),
+    )
+}
+
+impl Attempt {
+    /// How the attempt ended, for [`verdict::judge`], and when (the response headers'
+    /// arrival for an answer, else now). `grpc`: the request is a gRPC call.
+    fn ended(&self, attempt_start: Instant, grpc: bool) -> (Ended, Instant) {
+        let ended = match self {
+            Attempt::Response(response, _, at) => {
+                let ended = Ended::Answered {
+                    latency: at.saturating_duration_since(attempt_start),
+                    status: response.status().as_u16(),
+                    grpc: grpc.then(|| grpc_status(response)).flatten(),
+                };
+                return (ended, *at);
+            }
+            Attempt::NotSent(_, error) => Ended::NotSent {
+                error: describe(error),
+            },
+            Attempt::Failed(kind, error, back) => Ended::Failed {
+                kind: *kind,
+                error: describe(error),
+                kept: back.is_some(),
+            },
+            Attempt::TimedOut { sent } => Ended::TimedOut { sent: *sent },
+            Attempt::ClientBodyFailed(_) => Ended::ClientBodyFailed,
+        };
+        (ended, Instant::now())
+    }
+
+    /// The request, when it came back for another pod.
+    fn into_request(self) -> Option<Request<RequestBody>> {
+        match self {
+            Attempt::NotSent(req, _) => Some(req),
+            Attempt::Failed(_, _, back) => back.map(|req| *req),
+            _ => None,
+        }
+    }
 }
 
 /// How long to wait, once a pod's response headers are in, for the first frame of its
@@ -823,12 +895,24 @@ impl Drop for Abandoned<'_> {
     }
 }
 
-/// The answer to give when no further attempt is made.
+/// The answer to give when no further attempt is made, and the endpoint it is counted
+/// against.
 struct Failure {
-    status: StatusCode,
-    error: &'static str,
-    detail: String,
+    refusal: Refusal,
     endpoint: Arc<EndpointMetrics>,
+}
+
+/// What the client gets from a pod's answer once its outcome is recorded.
+struct Answer {
+    start: Instant,
+    attempt_start: Instant,
+    /// When the response headers arrived.
+    now: Instant,
+    slo: Duration,
+    /// Its status or gRPC code is in the service's failure set.
+    failed: bool,
+    client_version: Version,
+    grpc: bool,
 }
 
 impl Proxy {
@@ -988,12 +1072,75 @@ impl Proxy {
         failure.endpoint.failed_request();
         service.request_duration(start.elapsed());
         service.slo(false);
-        reply::error(
-            failure.status,
-            failure.error,
-            service.label(),
-            &failure.detail,
-        )
+        let Refusal {
+            status,
+            error,
+            detail,
+            ..
+        } = failure.refusal;
+        reply::error(status, error, service.label(), &detail)
+    }
+
+    /// Log an attempt that brought no answer; its failure, for the client if no other
+    /// pod answers.
+    fn failed(
+        &self,
+        service: &ServiceMetrics,
+        picked: &Picked,
+        refusal: Refusal,
+        endpoint: Arc<EndpointMetrics>,
+    ) -> Failure {
+        warn!(
+            service = service.label(),
+            endpoint = %picked.endpoint().id,
+            addr = %picked.addr,
+            detail = %refusal.detail,
+            "{}",
+            refusal.log
+        );
+        Failure { refusal, endpoint }
+    }
+
+    /// The pod's answer on its way to the client, its outcome recorded: metrics, the
+    /// debug line, hop-by-hop headers off, and the finish that returns the connection.
+    fn deliver(
+        &self,
+        picked: Picked,
+        service: Arc<ServiceMetrics>,
+        endpoint: Arc<EndpointMetrics>,
+        response: Response<UpstreamBody>,
+        sender: Option<Sender>,
+        answer: Answer,
+    ) -> Response<ResponseBody> {
+        let latency = answer.now.saturating_duration_since(answer.attempt_start);
+        let code = answer.grpc.then(|| grpc_status(&response)).flatten();
+        if code.is_some() {
+            service.grpc_status(code);
+        }
+        endpoint.upstream_duration(latency);
+        let (mut parts, body) = response.into_parts();
+        endpoint.response(parts.status);
+        let elapsed = answer.now.saturating_duration_since(answer.start);
+        service.request_duration(elapsed);
+        // A failure status misses the SLO however fast it came.
+        service.slo(elapsed <= answer.slo && !answer.failed);
+        debug!(
+            service = service.label(),
+            endpoint = %picked.endpoint().id,
+            status = parts.status.as_u16(),
+            latency_us = latency.as_micros() as u64,
+            "forwarded"
+        );
+        strip_hop_by_hop(&mut parts.headers);
+        parts.version = answer.client_version;
+        let finish = Finish {
+            connection: self.pool.lease(picked.addr, sender),
+            picked,
+            metrics: endpoint,
+            // Its status is still to come, in trailers.
+            grpc: (answer.grpc && code.is_none()).then(|| service.clone()),
+        };
+        Response::from_parts(parts, ResponseBody::upstream(body, finish))
     }
 
     /// Forward one client request (see the module docs).
@@ -1012,36 +1159,9 @@ impl Proxy {
             if crate::give_way::request_begins(start) {
                 self.metrics.worker_yielded();
             }
-            let size = header_bytes(req.headers());
-            if size > self.config.max_header_bytes {
-                let detail = format!(
-                    "the request headers take {size} bytes; the limit is {}",
-                    self.config.max_header_bytes
-                );
-                return self.refuse(
-                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    "request headers too large",
-                    "",
-                    &detail,
-                );
-            }
-            let target = match target {
+            let target = match self.screen(&req, target) {
                 Ok(target) => target,
-                Err(bad) => {
-                    let detail = match bad.error {
-                        TargetError::Missing => format!(
-                        "name the service in the `{}` header (name[.namespace][:port]) or in Host",
-                        self.config.service_header
-                    ),
-                        TargetError::Invalid(why) => format!("{why}: {:?}", bad.named),
-                    };
-                    return self.refuse(
-                        StatusCode::BAD_REQUEST,
-                        "no service named",
-                        &bad.named,
-                        &detail,
-                    );
-                }
+                Err(refused) => return *refused,
             };
             let port = split_port(target.raw.to_str().unwrap_or_default(), target.source)
                 .ok()
@@ -1133,7 +1253,7 @@ impl Proxy {
                     &written,
                 );
                 tokio::pin!(sent);
-                let failed = match self
+                let attempt = self
                     .watched(
                         &picked,
                         &service,
@@ -1145,148 +1265,65 @@ impl Proxy {
                         },
                         sent,
                     )
-                    .await
-                {
-                    Attempt::Response(response, sender, now) => {
-                        let latency = now.saturating_duration_since(attempt_start);
-                        let status = response.status().as_u16();
-                        let code = grpc.then(|| grpc_status(&response)).flatten();
-                        let settings = picked.route().settings();
-                        let (outcome, failure) = match code {
-                            Some(code) => (
-                                Outcome::GrpcAnswered { latency, code },
-                                settings.grpc_failure_codes.contains(code),
-                            ),
-                            None => (
-                                Outcome::Answered { latency, status },
-                                settings.failure_status.contains(status),
-                            ),
+                    .await;
+                let place = Place {
+                    endpoint: &picked.endpoint().id,
+                    addr,
+                    limit,
+                    call_deadline: limit < timeout,
+                };
+                let (ended, now) = attempt.ended(attempt_start, grpc);
+                let verdict = verdict::judge(&ended, place, settings);
+                if let Some(outcome) = verdict.outcome {
+                    self.record(&picked, &service, now, outcome, stall_start);
+                }
+                if let Some(kind) = verdict.error {
+                    endpoint.error(kind);
+                }
+                let failed = match (verdict.next, attempt) {
+                    (Next::Deliver { failed }, Attempt::Response(response, sender, _)) => {
+                        let answer = Answer {
+                            start,
+                            attempt_start,
+                            now,
+                            slo,
+                            failed,
+                            client_version,
+                            grpc,
                         };
-                        if code.is_some() {
-                            service.grpc_status(code);
-                        }
-                        self.record(&picked, &service, now, outcome, stall_start);
-                        endpoint.upstream_duration(latency);
-                        let (mut parts, body) = response.into_parts();
-                        endpoint.response(parts.status);
-                        let elapsed = now.saturating_duration_since(start);
-                        service.request_duration(elapsed);
-                        // A failure status misses the SLO however fast it came.
-                        service.slo(elapsed <= slo && !failure);
-                        debug!(
-                            service = service.label(),
-                            endpoint = %picked.endpoint().id,
-                            status = parts.status.as_u16(),
-                            latency_us = latency.as_micros() as u64,
-                            "forwarded"
-                        );
-                        strip_hop_by_hop(&mut parts.headers);
-                        parts.version = client_version;
-                        let finish = Finish {
-                            connection: self.pool.lease(picked.addr, sender),
-                            picked,
-                            metrics: endpoint,
-                            // Its status is still to come, in trailers.
-                            grpc: (grpc && code.is_none()).then(|| service.clone()),
-                        };
-                        return Response::from_parts(parts, ResponseBody::upstream(body, finish));
+                        return self.deliver(picked, service, endpoint, response, sender, answer);
                     }
-                    Attempt::NotSent(back, error) => {
-                        let now = Instant::now();
-                        self.record(&picked, &service, now, Outcome::ConnectFailed, stall_start);
-                        endpoint.error(ErrorKind::Connect);
-                        let error = describe(&error);
-                        warn!(
-                            service = service.label(),
-                            endpoint = %picked.endpoint().id,
-                            %addr,
-                            %error,
-                            "could not reach endpoint"
-                        );
-                        req = back;
-                        Failure {
-                            status: StatusCode::BAD_GATEWAY,
-                            error: "upstream unavailable",
-                            detail: format!("endpoint {} ({addr}): {error}", picked.endpoint().id),
-                            endpoint,
-                        }
+                    (Next::ClientFault, Attempt::ClientBodyFailed(error)) => {
+                        return answer_client_body_failed(&service, &error);
                     }
-                    Attempt::Failed(kind, error, back) => {
-                        let now = Instant::now();
-                        self.record(&picked, &service, now, Outcome::Failed, stall_start);
-                        endpoint.error(kind);
-                        warn!(
-                            service = service.label(),
-                            endpoint = %picked.endpoint().id,
-                            %addr,
-                            kind = kind.as_str(),
-                            error = describe(&error),
-                            "endpoint failed the request"
-                        );
-                        let failure = Failure {
-                            status: StatusCode::BAD_GATEWAY,
-                            error: "upstream error",
-                            detail: format!(
-                                "endpoint {} ({addr}) failed after the request was sent: {}",
-                                picked.endpoint().id,
-                                describe(&error)
-                            ),
-                            endpoint,
-                        };
-                        match back {
+                    (Next::Retry(refusal), attempt) => {
+                        let failure = self.failed(&service, &picked, refusal, endpoint);
+                        match attempt.into_request() {
                             Some(back) => {
-                                req = *back;
+                                req = back;
                                 failure
                             }
                             None => return self.give_up(&service, failure, start),
                         }
                     }
-                    Attempt::TimedOut { sent } => {
-                        if sent {
-                            let now = Instant::now();
-                            self.record(&picked, &service, now, Outcome::Failed, stall_start);
-                        }
-                        endpoint.error(ErrorKind::Timeout);
-                        warn!(
-                            service = service.label(),
-                            endpoint = %picked.endpoint().id,
-                            %addr,
-                            timeout = ?limit,
-                            "no response headers before the request timeout"
-                        );
-                        let failure =
-                            Failure {
-                                status: StatusCode::GATEWAY_TIMEOUT,
-                                error: "upstream timeout",
-                                detail: format!(
-                                "no response headers within {limit:?}{} (last endpoint tried: {})",
-                                if limit < timeout { " (the call's grpc-timeout)" } else { "" },
-                                picked.endpoint().id
-                            ),
-                                endpoint,
-                            };
+                    (Next::GiveUp(refusal), _) => {
+                        let failure = self.failed(&service, &picked, refusal, endpoint);
                         return self.give_up(&service, failure, start);
                     }
-                    Attempt::ClientBodyFailed(error) => {
-                        debug!(service = service.label(), %error, "client request body failed");
-                        service.answered(StatusCode::BAD_REQUEST);
-                        return reply::error(
-                            StatusCode::BAD_REQUEST,
-                            "request body failed",
-                            service.label(),
-                            &describe(&error),
-                        );
+                    // `judge` delivers only answers and blames the client only for its
+                    // body; were that ever broken, the client still gets an answer.
+                    (next, _) => {
+                        error!(?next, "an attempt's verdict does not fit how it ended");
+                        let refusal = Refusal {
+                            status: StatusCode::BAD_GATEWAY,
+                            error: "proxy error",
+                            detail: "the proxy could not tell how the attempt ended".into(),
+                            log: "an attempt's verdict does not fit how it ended",
+                        };
+                        return self.give_up(&service, Failure { refusal, endpoint }, start);
                     }
                 };
-                if retries_done >= retries {
-                    return self.give_up(&service, failed, start);
-                }
-                if !picked.route().retry_budget().try_retry(Instant::now()) {
-                    service.retry_refused();
-                    debug!(
-                        service = service.label(),
-                        "retry budget spent: not retrying"
-                    );
+                if !may_retry(&service, &picked, retries_done, retries) {
                     return self.give_up(&service, failed, start);
                 }
                 retries_done += 1;
@@ -1295,6 +1332,43 @@ impl Proxy {
                 failure = Some(failed);
             }
         }
+    }
+
+    /// The service `target` names, or the answer refusing the request: its headers are
+    /// too large, or it names no routable service (boxed: the rare path).
+    fn screen(
+        &self,
+        req: &Request<RequestBody>,
+        target: Result<Target, BadTarget>,
+    ) -> Result<Target, Box<Response<ResponseBody>>> {
+        let size = header_bytes(req.headers());
+        if size > self.config.max_header_bytes {
+            let detail = format!(
+                "the request headers take {size} bytes; the limit is {}",
+                self.config.max_header_bytes
+            );
+            return Err(Box::new(self.refuse(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request headers too large",
+                "",
+                &detail,
+            )));
+        }
+        target.map_err(|bad| {
+            let detail = match bad.error {
+                TargetError::Missing => format!(
+                    "name the service in the `{}` header (name[.namespace][:port]) or in Host",
+                    self.config.service_header
+                ),
+                TargetError::Invalid(why) => format!("{why}: {:?}", bad.named),
+            };
+            Box::new(self.refuse(
+                StatusCode::BAD_REQUEST,
+                "no service named",
+                &bad.named,
+                &detail,
+            ))
+        })
     }
 
     /// Answer a request for which the first pick found nothing.
