@@ -538,9 +538,9 @@ async fn deploy_manifests() {
     // creates nothing), so the kustomization's Namespaces are created first.
     let rendered = kubectl(&["kustomize", deploy_dir]);
     let mut namespaces = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&rendered) {
-        let object: serde_yaml::Value =
-            serde::Deserialize::deserialize(doc).expect("kustomize renders YAML");
+    let objects: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&rendered).expect("kustomize renders YAML");
+    for object in objects {
         if object["kind"] == "Namespace" {
             namespaces.push(object["metadata"]["name"].as_str().unwrap().to_string());
         }

@@ -437,7 +437,7 @@ fn runs_as_declared(w: &mut World) {
 }
 
 fn check_security(w: &World, pod: &str) {
-    let declared: Value = serde_yaml::from_str(
+    let declared: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/daemonset.yaml"),
         )

@@ -8,9 +8,12 @@
 //!   the source of a proxy without a cluster (`proxima demo`, tests, small static
 //!   setups), and its service settings use the same keys as the `proxima.io/<key>`
 //!   Service annotations of the Kubernetes source.
+//! * [`yaml`]: how the project reads YAML, here and in `proxima demo` and the testbed:
+//!   every error with its line and path.
 
 #![warn(missing_docs)]
 
 pub mod file;
+pub mod yaml;
 
 pub use file::{load, parse, parse_named, watch, FileError, FileWatcher, Problem, Topology};

@@ -808,7 +808,8 @@ impl Cluster {
                 .collect(),
             services,
         };
-        let text = serde_yaml::to_string(&doc).map_err(|e| TestbedError::Invalid(e.to_string()))?;
+        let text =
+            serde_saphyr::to_string(&doc).map_err(|e| TestbedError::Invalid(e.to_string()))?;
         let text = format!(
             "# Written by proxima-testbed for scenario {}.\n{text}",
             self.scenario.name
@@ -1356,7 +1357,7 @@ mod tests {
                 ),
             ],
         };
-        let text = serde_yaml::to_string(&doc).unwrap();
+        let text = serde_saphyr::to_string(&doc).unwrap();
         assert!(text.contains("protocol: grpc"), "{text}");
         let topology = proxima_discovery::parse(&text).unwrap();
         let router = Router::new(None);

@@ -79,9 +79,10 @@ use std::time::Duration;
 
 use proxima_core::settings::parse_duration;
 use proxima_core::{ServiceKey, ServiceSettings};
+use proxima_discovery::yaml;
 use proxima_emulate::ProcessingTime;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 /// Why a scenario cannot be run.
 #[derive(Debug, thiserror::Error)]
@@ -98,8 +99,8 @@ pub enum ScenarioError {
     Problems(Vec<String>),
 }
 
-impl From<serde_yaml::Error> for ScenarioError {
-    fn from(e: serde_yaml::Error) -> Self {
+impl From<yaml::Error> for ScenarioError {
+    fn from(e: yaml::Error) -> Self {
         // Not `#[from]`: a source would print the same message twice in error chains.
         ScenarioError::Yaml(e.to_string())
     }
@@ -828,21 +829,20 @@ impl ScenarioFile {
     pub fn parse(text: &str) -> Result<Self, ScenarioError> {
         // Placeholders may stand where YAML would not accept `${`, so only the
         // `variants` section is read before substitution.
-        let value: Value = serde_yaml::from_str(&top_level_section(text, "variants"))?;
+        let value: Value = yaml::from_str(&top_level_section(text, "variants"))?;
         let mut variants = Vec::new();
         if let Some(list) = value.get("variants") {
             let list = list
-                .as_sequence()
+                .as_array()
                 .ok_or_else(|| invalid("variants: expected a list of mappings"))?;
             for (i, entry) in list.iter().enumerate() {
                 let map = entry
-                    .as_mapping()
+                    .as_object()
                     .ok_or_else(|| invalid(format!("variants[{i}]: expected a mapping")))?;
                 let mut vars = BTreeMap::new();
                 let mut name = None;
-                for (k, v) in map {
-                    let key = scalar(k)
-                        .ok_or_else(|| invalid(format!("variants[{i}]: keys must be text")))?;
+                for (key, v) in map {
+                    let key = key.clone();
                     let value = scalar(v).ok_or_else(|| {
                         invalid(format!("variants[{i}].{key}: expected a single value"))
                     })?;
@@ -894,7 +894,7 @@ impl ScenarioFile {
             ScenarioError::Problems(problems.into_iter().map(prefix).collect())
         })?;
         let doc: Doc =
-            serde_yaml::from_str(&text).map_err(|e| ScenarioError::Yaml(prefix(e.to_string())))?;
+            yaml::from_str(&text).map_err(|e| ScenarioError::Yaml(prefix(e.to_string())))?;
         let mut scenario = check(doc).map_err(|e| {
             let problems = match e {
                 ScenarioError::Problems(list) => list,

@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use indexmap::IndexMap;
 use proxima_core::settings::parse_duration;
 use proxima_core::{Router, ServiceKey};
+use proxima_discovery::yaml;
 use proxima_emulate::{Backend, BackendConfig};
-use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::cli::{DemoArgs, Discovery, KubeArgs};
 use crate::load;
@@ -67,6 +68,32 @@ fn default_namespace() -> String {
     ServiceKey::DEFAULT_NAMESPACE.to_string()
 }
 
+/// The topology as a tree, written back in its own order (`serde_json::Value`, the tree
+/// serde-saphyr leaves to others, would sort the keys).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+enum Tree {
+    Map(IndexMap<String, Tree>),
+    List(Vec<Tree>),
+    Text(String),
+    /// A number, a boolean or null.
+    Other(serde_json::Value),
+}
+
+type Map = IndexMap<String, Tree>;
+
+impl Tree {
+    fn text(&self, key: &str) -> Option<&str> {
+        match self {
+            Tree::Map(map) => match map.get(key)? {
+                Tree::Text(text) => Some(text),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 struct EmulatedPod {
     service: String,
     endpoint: String,
@@ -92,8 +119,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     if !(args.load.is_finite() && args.load >= 0.0) {
         bail!("--load must be a number of requests per second, 0 or more");
     }
-    let plan: DemoFile = serde_yaml::from_str(&text).map_err(|e| anyhow!("{source}: {e}"))?;
-    let mut doc: Value = serde_yaml::from_str(&text).map_err(|e| anyhow!("{source}: {e}"))?;
+    let plan: DemoFile = yaml::from_str(&text).map_err(|e| anyhow!("{source}: {e}"))?;
+    let mut doc: Tree = yaml::from_str(&text).map_err(|e| anyhow!("{source}: {e}"))?;
 
     let shutdown = Shutdown::new();
     shutdown.on_signals();
@@ -103,10 +130,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let at = format!("{source}: emulate.pods[{i}]");
         pods.push(start_pod(&mut doc, spec).await.context(at)?);
     }
-    if let Some(map) = doc.as_mapping_mut() {
-        map.remove("emulate");
+    if let Tree::Map(map) = &mut doc {
+        map.shift_remove("emulate");
     }
-    let yaml = serde_yaml::to_string(&doc).context("cannot write the demo topology")?;
+    let yaml = serde_saphyr::to_string(&doc).context("cannot write the demo topology")?;
     std::fs::write(&args.write, format!("{HEADER}{yaml}"))
         .with_context(|| format!("cannot write {}", args.write.display()))?;
     let file = std::path::absolute(&args.write).unwrap_or_else(|_| args.write.clone());
@@ -168,7 +195,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 }
 
 /// Start the pod and write its address into its endpoint in `doc`.
-async fn start_pod(doc: &mut Value, spec: &PodSpec) -> Result<EmulatedPod> {
+async fn start_pod(doc: &mut Tree, spec: &PodSpec) -> Result<EmulatedPod> {
     let duration = |what: &str, value: &str| {
         parse_duration(value)
             .ok_or_else(|| anyhow!("{what}: {value:?} is not a duration (e.g. 20ms)"))
@@ -189,7 +216,10 @@ async fn start_pod(doc: &mut Value, spec: &PodSpec) -> Result<EmulatedPod> {
     let listen = match endpoint.get("address") {
         None => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
         Some(address) => {
-            let address = address.as_str().unwrap_or_default();
+            let address = match address {
+                Tree::Text(text) => text.as_str(),
+                _ => "",
+            };
             let addr: SocketAddr = address.parse().map_err(|_| {
                 anyhow!("address {address:?} of an emulated pod must be ip:port (or left out)")
             })?;
@@ -207,13 +237,12 @@ async fn start_pod(doc: &mut Value, spec: &PodSpec) -> Result<EmulatedPod> {
     )
     .await
     .with_context(|| format!("cannot start emulated pod {} on {listen}", spec.endpoint))?;
-    endpoint.insert("address".into(), backend.addr().to_string().into());
-    endpoint.remove("ports");
-    let node = endpoint
-        .get("node")
-        .and_then(Value::as_str)
-        .unwrap_or("-")
-        .to_string();
+    endpoint.insert("address".into(), Tree::Text(backend.addr().to_string()));
+    endpoint.shift_remove("ports");
+    let node = match endpoint.get("node") {
+        Some(Tree::Text(node)) => node.clone(),
+        _ => "-".to_string(),
+    };
     Ok(EmulatedPod {
         service,
         endpoint: spec.endpoint.clone(),
@@ -224,27 +253,29 @@ async fn start_pod(doc: &mut Value, spec: &PodSpec) -> Result<EmulatedPod> {
 }
 
 fn find_endpoint<'v>(
-    doc: &'v mut Value,
+    doc: &'v mut Tree,
     namespace: &str,
     service: &str,
     id: &str,
-) -> Option<&'v mut Mapping> {
-    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_string);
-    doc.get_mut("services")?
-        .as_sequence_mut()?
+) -> Option<&'v mut Map> {
+    let list = |tree: &'v mut Tree, key: &str| match tree {
+        Tree::Map(map) => match map.get_mut(key)? {
+            Tree::List(list) => Some(list),
+            _ => None,
+        },
+        _ => None,
+    };
+    let service = list(doc, "services")?.iter_mut().find(|s| {
+        s.text("name") == Some(service)
+            && s.text("namespace").unwrap_or(ServiceKey::DEFAULT_NAMESPACE) == namespace
+    })?;
+    match list(service, "endpoints")?
         .iter_mut()
-        .find(|s| {
-            text(s, "name").as_deref() == Some(service)
-                && text(s, "namespace")
-                    .as_deref()
-                    .unwrap_or(ServiceKey::DEFAULT_NAMESPACE)
-                    == namespace
-        })?
-        .get_mut("endpoints")?
-        .as_sequence_mut()?
-        .iter_mut()
-        .find(|e| text(e, "id").as_deref() == Some(id))?
-        .as_mapping_mut()
+        .find(|e| e.text("id") == Some(id))?
+    {
+        Tree::Map(endpoint) => Some(endpoint),
+        _ => None,
+    }
 }
 
 struct Banner<'a> {
@@ -321,21 +352,26 @@ mod tests {
 
     #[test]
     fn the_built_in_topology_names_real_endpoints() {
-        let plan: DemoFile = serde_yaml::from_str(DEFAULT_TOPOLOGY).unwrap();
+        let plan: DemoFile = yaml::from_str(DEFAULT_TOPOLOGY).unwrap();
         assert_eq!(plan.emulate.pods.len(), 5);
-        let mut doc: Value = serde_yaml::from_str(DEFAULT_TOPOLOGY).unwrap();
+        let mut doc: Tree = yaml::from_str(DEFAULT_TOPOLOGY).unwrap();
         let mut delays = Vec::new();
         for pod in &plan.emulate.pods {
             let endpoint = find_endpoint(&mut doc, &pod.namespace, &pod.service, &pod.endpoint)
                 .unwrap_or_else(|| panic!("{} is not in the topology", pod.endpoint));
-            endpoint.insert("address".into(), "127.0.0.1:9".into());
+            endpoint.insert("address".into(), Tree::Text("127.0.0.1:9".into()));
             delays.push(parse_duration(&pod.delay).unwrap());
         }
         delays.sort();
         delays.dedup();
         assert!(delays.len() >= 4, "pods differ in speed: {delays:?}");
         // Once addresses are filled in, it is a valid topology for discovery.
-        let t = proxima_discovery::parse(&serde_yaml::to_string(&doc).unwrap()).unwrap();
+        let yaml = serde_saphyr::to_string(&doc).unwrap();
+        // Written back in the file's order: a service's name before its endpoints.
+        let at = |text: &str| yaml.find(text).unwrap();
+        assert!(at("name: dps") < at("latency-slo: 80ms"), "{yaml}");
+        assert!(at("slo-percentile: 95") < at("id: dps-w1"), "{yaml}");
+        let t = proxima_discovery::parse(&yaml).unwrap();
         assert_eq!(
             (t.service_count(), t.endpoint_count(), t.nodes.len()),
             (2, 5, 3)

@@ -31,7 +31,6 @@
 //!
 //! [`ServiceSettings::from_pairs`]: proxima_core::ServiceSettings::from_pairs
 
-mod locate;
 mod schema;
 mod watch;
 
@@ -156,35 +155,12 @@ pub fn parse_named(file: &str, text: &str) -> Result<Topology, FileError> {
             "the file is empty; write `services: []` for a topology without services".into(),
         )]));
     }
-    let doc: schema::Document = serde_yaml::from_str(text).map_err(|e| {
-        let location = e.location();
-        let mut message = e.to_string();
-        if let Some(l) = &location {
-            // The line is already in front; drop serde_yaml's own copy of it.
-            let suffix = format!(" at line {} column {}", l.line(), l.column());
-            if let Some(at) = message.find(&suffix) {
-                message.replace_range(at..at + suffix.len(), "");
-            }
-            if l.column() > 1 {
-                message.push_str(&format!(" (column {})", l.column()));
-            }
-        }
-        FileError::Invalid(vec![problem(
-            location.map(|l| l.line()),
-            String::new(),
-            message,
-        )])
-    })?;
+    let doc: schema::Document = crate::yaml::from_str(text)
+        .map_err(|e| FileError::Invalid(vec![problem(e.line, e.path.into(), e.message)]))?;
     doc.into_topology().map_err(|problems| {
         let mut problems: Vec<Problem> = problems
             .into_iter()
-            .map(|p| {
-                problem(
-                    locate::line_of(text, &p.path),
-                    p.path.to_string(),
-                    p.message,
-                )
-            })
+            .map(|p| problem(p.line, p.path, p.message))
             .collect();
         problems.sort_by_key(|p| p.line);
         FileError::Invalid(problems)
@@ -345,7 +321,14 @@ emulate:
     #[test]
     fn wrong_types_name_the_line_and_field() {
         let text = "services:\n  - name: dps\n    ports:\n      - port: http\n";
-        assert_problem(text, 4, &["services[0].ports[0].port", "invalid type"]);
+        assert_problem(
+            text,
+            4,
+            &[
+                "services[0].ports[0].port",
+                "invalid value \"http\": expected u16",
+            ],
+        );
         let text = "services:\n  - name: dps\n    ports: [{ port: 70000 }]\n";
         assert_problem(text, 3, &["services[0].ports[0].port", "70000"]);
         let text = "services:\n  - name: dps\n    settings:\n      timeout: [2s]\n";
@@ -380,6 +363,13 @@ services:
         );
         let text = "services:\n  - name: dps\n    settings: { slo-percentile: 150 }\n";
         assert_problem(text, 3, &["services[0].settings.slo-percentile", "\"150\""]);
+        // A key rejected for another's value need not be in the file: the mapping's line.
+        let text = "services:\n  - name: dps\n    settings:\n      qos-pool-window: 2\n";
+        assert_problem(
+            text,
+            4,
+            &["services[0].settings.qos-pool-min-samples", "at most"],
+        );
     }
 
     #[test]
@@ -515,5 +505,84 @@ services:
         assert_eq!(t.service_count(), 0);
         let t = parse("{}\n").unwrap();
         assert_eq!(t.service_count(), 0);
+    }
+    #[test]
+    fn anchors_aliases_and_merge_keys_are_read() {
+        let text = "\
+services:
+  - name: dps
+    settings: &slo { latency-slo: 80ms, slo-percentile: 95 }
+    endpoints: [{ address: 127.0.0.1:1 }]
+  - name: ocr
+    settings: *slo
+    endpoints: [{ address: 127.0.0.1:2 }]
+  - name: web
+    settings: { <<: *slo, timeout: 3s }
+";
+        let t = parse(text).unwrap();
+        for (spec, _) in &t.services {
+            assert_eq!(spec.settings.latency_slo, Duration::from_millis(80));
+            assert_eq!(spec.settings.slo_percentile, 95.0);
+        }
+        assert_eq!(t.services[2].0.settings.timeout, Duration::from_secs(3));
+        // A problem in a repeated value is shown where it is repeated.
+        let text = "services:\n  - name: a\n    settings: &s { retries: many }\n  - name: b\n    settings: *s\n";
+        let lines: Vec<_> = problems(text).iter().map(|p| p.line).collect();
+        assert_eq!(lines, [Some(3), Some(5)]);
+    }
+
+    #[test]
+    fn settings_and_labels_take_text_numbers_and_booleans_as_written() {
+        let text = "\
+nodes:
+  - { name: w, labels: { gpu: true, rack: 7, power: off, site: '01' } }
+services:
+  - name: dps
+    settings: { latency-slo: 80ms, slo-percentile: 99.5, retries: '2', qos-pool-window: 40 }
+";
+        let t = parse(text).unwrap();
+        let labels = &t.nodes[0].labels;
+        // `off` is text, as in YAML 1.2 (not YAML 1.1's false).
+        assert_eq!(
+            [
+                &labels["gpu"],
+                &labels["rack"],
+                &labels["power"],
+                &labels["site"]
+            ],
+            ["true", "7", "off", "01"]
+        );
+        let settings = &t.services[0].0.settings;
+        assert_eq!(settings.slo_percentile, 99.5);
+        assert_eq!(settings.retries, 2);
+        assert_eq!(settings.qos_pool.window, 40);
+        // A boolean is `true` or `false`: `yes` is not one.
+        let text = "services:\n  - name: dps\n    endpoints:\n      - address: 127.0.0.1:1\n        ready: yes\n";
+        assert_problem(
+            text,
+            5,
+            &["services[0].endpoints[0].ready", "invalid boolean"],
+        );
+    }
+
+    #[test]
+    fn keys_written_twice_are_rejected_where_repeated() {
+        let text =
+            "services:\n  - name: dps\n    settings:\n      timeout: 1s\n      timeout: 2s\n";
+        assert_problem(
+            text,
+            5,
+            &["services[0].settings: duplicate mapping key: timeout"],
+        );
+        let text = "services:\n  - name: dps\n    name: web\n";
+        assert_problem(text, 3, &["services[0]: duplicate mapping key: name"]);
+    }
+
+    #[test]
+    fn comments_only_is_an_empty_topology_and_two_documents_are_refused() {
+        let t = parse("# nothing yet\n# services: []\n").unwrap();
+        assert_eq!(t.service_count(), 0);
+        let text = "services: []\n---\nservices: []\n";
+        assert_problem(text, 3, &["multiple"]);
     }
 }

@@ -1,9 +1,10 @@
 //! The topology file's schema and its translation into the core model.
 //!
 //! Deserialization (serde, `deny_unknown_fields`) catches syntax, unknown fields and
-//! wrong types with serde_yaml's own positions. [`Document::into_topology`] then checks
+//! wrong types with serde-saphyr's own positions. [`Document::into_topology`] then checks
 //! what types cannot say (addresses, names, duplicates, setting values) and reports each
-//! problem with the path of the offending value; the caller turns paths into lines.
+//! problem with the path of the offending value and its line: the values checked there
+//! are read [`Spanned`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -15,9 +16,10 @@ use proxima_core::{
 };
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
 
-use super::locate::YamlPath;
 use super::Topology;
+use crate::yaml::Path as YamlPath;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -36,7 +38,7 @@ pub struct Document {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NodeDoc {
-    name: String,
+    name: Spanned<String>,
     zone: Option<String>,
     #[serde(default)]
     labels: BTreeMap<String, Scalar>,
@@ -47,16 +49,15 @@ struct NodeDoc {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ServiceDoc {
-    name: String,
-    namespace: Option<String>,
+    name: Spanned<String>,
+    namespace: Option<Spanned<String>>,
     #[serde(default)]
     ports: Vec<PortDoc>,
-    #[serde(default)]
-    settings: Settings,
+    settings: Option<Spanned<Settings>>,
     /// As `spec.trafficDistribution` of a Service (`PreferClose`, ...).
     traffic_distribution: Option<String>,
     /// As `spec.internalTrafficPolicy`: `Cluster` (default) or `Local`.
-    internal_traffic_policy: Option<String>,
+    internal_traffic_policy: Option<Spanned<String>>,
     #[serde(default)]
     endpoints: Vec<EndpointDoc>,
 }
@@ -64,22 +65,26 @@ struct ServiceDoc {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PortDoc {
-    #[serde(default)]
-    name: String,
-    port: u16,
+    name: Option<Spanned<String>>,
+    port: Spanned<u16>,
     /// What the port speaks, as Kubernetes' `appProtocol` says it (`kubernetes.io/h2c`,
     /// `grpc`, `ws`, ...); without it the name decides (see `proxima_core::port_protocol`).
     protocol: Option<String>,
 }
 
+impl PortDoc {
+    fn name(&self) -> &str {
+        self.name.as_ref().map_or("", |n| n.value.as_str())
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct EndpointDoc {
-    id: Option<String>,
-    address: String,
-    #[serde(default)]
-    ports: Vec<PortDoc>,
-    node: Option<String>,
+    id: Option<Spanned<String>>,
+    address: Spanned<String>,
+    ports: Option<Spanned<Vec<PortDoc>>>,
+    node: Option<Spanned<String>>,
     zone: Option<String>,
     ready: Option<bool>,
     serving: Option<bool>,
@@ -130,8 +135,9 @@ impl<'de> Deserialize<'de> for Scalar {
 }
 
 /// `settings:` in file order, so problems are reported in the order they were written.
+/// (A key written twice is a YAML error, found by serde-saphyr.)
 #[derive(Debug, Default)]
-struct Settings(Vec<(String, String)>);
+struct Settings(Vec<(String, Spanned<Scalar>)>);
 
 impl<'de> Deserialize<'de> for Settings {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -145,13 +151,9 @@ impl<'de> Deserialize<'de> for Settings {
                 Ok(Settings::default())
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Settings, A::Error> {
-                let mut pairs: Vec<(String, String)> = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let Scalar(value) = map.next_value()?;
-                    if pairs.iter().any(|(k, _)| *k == key) {
-                        return Err(de::Error::custom(format!("duplicate setting `{key}`")));
-                    }
-                    pairs.push((key, value));
+                let mut pairs = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    pairs.push(entry);
                 }
                 Ok(Settings(pairs))
             }
@@ -160,10 +162,11 @@ impl<'de> Deserialize<'de> for Settings {
     }
 }
 
-/// A problem found after deserialization, at a path in the document.
+/// A problem found after deserialization: the path of the offending value and its line.
 #[derive(Debug)]
 pub struct PathProblem {
-    pub path: YamlPath,
+    pub path: String,
+    pub line: Option<usize>,
     pub message: String,
 }
 
@@ -172,19 +175,24 @@ pub struct PathProblem {
 struct Problems(Vec<PathProblem>);
 
 impl Problems {
-    fn add(&mut self, path: YamlPath, message: impl Into<String>) {
+    /// A problem with the value at `path`, written at `at` (where it is used, for a value
+    /// that an alias repeats).
+    fn add(&mut self, path: YamlPath, at: Location, message: impl Into<String>) {
         self.0.push(PathProblem {
-            path,
+            path: path.into(),
+            line: usize::try_from(at.line()).ok().filter(|&line| line > 0),
             message: message.into(),
         });
     }
 }
 
 /// Kubernetes object names as used in `name.namespace`: a DNS label.
-fn check_dns_label(problems: &mut Problems, path: YamlPath, value: &str) {
+fn check_dns_label(problems: &mut Problems, path: YamlPath, value: &Spanned<String>) {
+    let (at, value) = (value.referenced, &value.value);
     if !proxima_core::is_dns_label(value) {
         problems.add(
             path,
+            at,
             format!(
                 "invalid name {value:?}: expected a DNS label (lowercase letters, digits and '-', \
                  at most 63 characters, not starting or ending with '-')"
@@ -193,10 +201,11 @@ fn check_dns_label(problems: &mut Problems, path: YamlPath, value: &str) {
     }
 }
 
-fn check_text(problems: &mut Problems, path: YamlPath, what: &str, value: &str) {
+fn check_text(problems: &mut Problems, path: YamlPath, at: Location, what: &str, value: &str) {
     if value.is_empty() || value.chars().any(char::is_whitespace) {
         problems.add(
             path,
+            at,
             format!("invalid {what} {value:?}: expected a non-empty word without spaces"),
         );
     }
@@ -208,23 +217,26 @@ type PortRead = (String, u16, Option<String>);
 fn ports(problems: &mut Problems, path: YamlPath, docs: &[PortDoc]) -> Vec<PortRead> {
     let mut seen = BTreeSet::new();
     for (i, p) in docs.iter().enumerate() {
-        if p.port == 0 {
+        if p.port.value == 0 {
             problems.add(
                 path.index(i).key("port"),
+                p.port.referenced,
                 "invalid port 0: expected 1 to 65535",
             );
         }
-        if !seen.insert(p.name.as_str()) {
-            let what = if p.name.is_empty() {
-                "more than one unnamed port: name them".to_string()
-            } else {
-                format!("duplicate port name {:?}", p.name)
+        if !seen.insert(p.name()) {
+            let (what, at) = match &p.name {
+                None => (
+                    "more than one unnamed port: name them".to_string(),
+                    p.port.referenced,
+                ),
+                Some(n) => (format!("duplicate port name {:?}", n.value), n.referenced),
             };
-            problems.add(path.index(i).key("name"), what);
+            problems.add(path.index(i).key("name"), at, what);
         }
     }
     docs.iter()
-        .map(|p| (p.name.clone(), p.port, p.protocol.clone()))
+        .map(|p| (p.name().to_string(), p.port.value, p.protocol.clone()))
         .collect()
 }
 
@@ -237,12 +249,13 @@ impl Document {
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
         for (i, doc) in self.nodes.into_iter().enumerate() {
             let path = root.key("nodes").index(i);
-            check_text(&mut problems, path.key("name"), "node name", &doc.name);
-            if nodes.iter().any(|n| n.name == doc.name) {
-                problems.add(path.key("name"), format!("duplicate node {:?}", doc.name));
+            let (at, name) = (doc.name.referenced, doc.name.value);
+            check_text(&mut problems, path.key("name"), at, "node name", &name);
+            if nodes.iter().any(|n| n.name == name) {
+                problems.add(path.key("name"), at, format!("duplicate node {name:?}"));
             }
             nodes.push(Node {
-                name: doc.name,
+                name,
                 zone: doc.zone,
                 labels: doc.labels.into_iter().map(|(k, v)| (k, v.0)).collect(),
                 addresses: doc.addresses,
@@ -257,17 +270,26 @@ impl Document {
             Vec::with_capacity(self.services.len());
         for (i, doc) in self.services.into_iter().enumerate() {
             let path = root.key("services").index(i);
+            check_dns_label(&mut problems, path.key("name"), &doc.name);
+            if let Some(namespace) = &doc.namespace {
+                check_dns_label(&mut problems, path.key("namespace"), namespace);
+            }
             let namespace = doc
                 .namespace
-                .unwrap_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string());
-            check_dns_label(&mut problems, path.key("name"), &doc.name);
-            check_dns_label(&mut problems, path.key("namespace"), &namespace);
-            let key = ServiceKey::new(namespace, doc.name);
+                .map_or_else(|| ServiceKey::DEFAULT_NAMESPACE.to_string(), |n| n.value);
+            let key = ServiceKey::new(namespace, doc.name.value);
             if services.iter().any(|(s, _)| s.key == key) {
-                problems.add(path.key("name"), format!("duplicate service {key}"));
+                problems.add(
+                    path.key("name"),
+                    doc.name.referenced,
+                    format!("duplicate service {key}"),
+                );
             }
             let service_ports = ports(&mut problems, path.key("ports"), &doc.ports);
-            let settings = settings(&mut problems, path.key("settings"), &doc.settings);
+            let settings = match &doc.settings {
+                Some(pairs) => settings(&mut problems, path.key("settings"), pairs),
+                None => ServiceSettings::default(),
+            };
             let traffic = traffic(
                 &mut problems,
                 &path,
@@ -278,13 +300,15 @@ impl Document {
             let mut endpoints: Vec<Endpoint> = Vec::with_capacity(doc.endpoints.len());
             for (j, ep) in doc.endpoints.into_iter().enumerate() {
                 let path = path.key("endpoints").index(j);
+                // At `id`, or at the address when the id is the address.
+                let id_at = ep.id.as_ref().unwrap_or(&ep.address).referenced;
                 let Some(endpoint) = endpoint(&mut problems, &path, ep, &node_zones) else {
                     continue;
                 };
                 if endpoints.iter().any(|e| e.id == endpoint.id) {
-                    // Points at `id`, or at the endpoint when its id is its address.
                     problems.add(
                         path.key("id"),
+                        id_at,
                         format!("duplicate endpoint id {:?} in service {key}", endpoint.id),
                     );
                 }
@@ -319,9 +343,24 @@ impl Document {
 /// checked strictly: an invalid value rejects the file instead of falling back to the
 /// default, and a `<strategy>-<param>` key for a strategy other than the service's is
 /// taken for a typo (`latency-sloo`) rather than silently ignored.
-fn settings(problems: &mut Problems, path: YamlPath, pairs: &Settings) -> ServiceSettings {
-    let (settings, errors) =
-        ServiceSettings::from_pairs(pairs.0.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+fn settings(problems: &mut Problems, path: YamlPath, pairs: &Spanned<Settings>) -> ServiceSettings {
+    let (settings, errors) = ServiceSettings::from_pairs(
+        pairs
+            .value
+            .0
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.value.0.as_str())),
+    );
+    // The line of a key's value; a key rejected for its relation to another may not be
+    // in the file (qos-pool-min-samples past the window): then the mapping's.
+    let at = |key: &str| {
+        pairs
+            .value
+            .0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(pairs.referenced, |(_, v)| v.referenced)
+    };
     for e in errors {
         // The shared parser reports a key it does not know (a typo such as
         // `latency-sloo`) like a bad value; in a file, say what it is.
@@ -330,13 +369,14 @@ fn settings(problems: &mut Problems, path: YamlPath, pairs: &Settings) -> Servic
         } else {
             format!("invalid value {:?}: expected {}", e.value, e.expected)
         };
-        problems.add(path.key(&e.key), message);
+        problems.add(path.key(&e.key), at(&e.key), message);
     }
     let prefix = format!("{}-", settings.strategy);
     for key in settings.params.keys() {
         if !key.starts_with(&prefix) {
             problems.add(
                 path.key(key),
+                at(key),
                 format!(
                     "unknown setting `{key}`: known keys are latency-slo, slo-percentile, \
                      strategy, timeout, connect-timeout, retries and qos-pool-*; parameters of \
@@ -353,19 +393,20 @@ fn traffic(
     problems: &mut Problems,
     path: &YamlPath,
     distribution: Option<String>,
-    internal_policy: Option<String>,
+    internal_policy: Option<Spanned<String>>,
 ) -> TrafficPolicy {
-    let internal_local = match internal_policy.as_deref() {
-        None | Some("Cluster") => false,
-        Some("Local") => true,
-        Some(other) => {
+    let internal_local = internal_policy.is_some_and(|policy| match policy.value.as_str() {
+        "Cluster" => false,
+        "Local" => true,
+        other => {
             problems.add(
                 path.key("internal-traffic-policy"),
+                policy.referenced,
                 format!("invalid value {other:?}: expected Cluster or Local"),
             );
             false
         }
-    };
+    });
     TrafficPolicy {
         traffic_distribution: distribution,
         internal_local,
@@ -379,44 +420,58 @@ fn endpoint(
     node_zones: &HashMap<&str, Option<&str>>,
 ) -> Option<Endpoint> {
     let before = problems.0.len();
-    let (ip, ports) = if let Ok(addr) = doc.address.parse::<SocketAddr>() {
-        if !doc.ports.is_empty() {
+    let (address_at, address) = (doc.address.referenced, doc.address.value);
+    let port_docs = doc.ports.as_ref().map_or(&[][..], |p| &p.value);
+    let (ip, ports) = if let Ok(addr) = address.parse::<SocketAddr>() {
+        if let Some(port_docs) = doc.ports.as_ref().filter(|p| !p.value.is_empty()) {
             problems.add(
                 path.key("ports"),
+                port_docs.referenced,
                 "the address already has a port: give either `address: ip:port` or \
                  `address: ip` with `ports`",
             );
         }
         if addr.port() == 0 {
-            problems.add(path.key("address"), "invalid port 0: expected 1 to 65535");
-        }
-        (addr.ip(), vec![(String::new(), addr.port(), None)])
-    } else if let Ok(ip) = doc.address.parse::<IpAddr>() {
-        if doc.ports.is_empty() {
             problems.add(
                 path.key("address"),
+                address_at,
+                "invalid port 0: expected 1 to 65535",
+            );
+        }
+        (addr.ip(), vec![(String::new(), addr.port(), None)])
+    } else if let Ok(ip) = address.parse::<IpAddr>() {
+        if port_docs.is_empty() {
+            problems.add(
+                path.key("address"),
+                address_at,
                 format!(
-                    "address {:?} has no port: write `ip:port` or add `ports: [{{ name, port }}]`",
-                    doc.address
+                    "address {address:?} has no port: write `ip:port` or add `ports: [{{ name, port }}]`"
                 ),
             );
         }
-        (ip, ports(problems, path.key("ports"), &doc.ports))
+        (ip, ports(problems, path.key("ports"), port_docs))
     } else {
         problems.add(
             path.key("address"),
+            address_at,
             format!(
-                "invalid address {:?}: expected ip:port (e.g. 10.0.0.7:8080 or [fd00::7]:8080) or an ip",
-                doc.address
+                "invalid address {address:?}: expected ip:port (e.g. 10.0.0.7:8080 or [fd00::7]:8080) or an ip"
             ),
         );
         return None;
     };
 
-    let id = doc.id.unwrap_or_else(|| doc.address.clone());
-    check_text(problems, path.key("id"), "endpoint id", &id);
+    let (id_at, id) = doc
+        .id
+        .map_or((address_at, address), |id| (id.referenced, id.value));
+    check_text(problems, path.key("id"), id_at, "endpoint id", &id);
     let mut zone = doc.zone;
-    if let Some(node) = &doc.node {
+    if let Some(Spanned {
+        value: node,
+        referenced: node_at,
+        ..
+    }) = &doc.node
+    {
         match node_zones.get(node.as_str()) {
             // Kubernetes copies the node's zone into the EndpointSlice; do the same.
             Some(node_zone) => zone = zone.or(node_zone.map(str::to_string)),
@@ -425,6 +480,7 @@ fn endpoint(
                 known.sort_unstable();
                 problems.add(
                     path.key("node"),
+                    *node_at,
                     format!(
                         "unknown node {node:?}: the file's nodes are {}",
                         known.join(", ")
@@ -453,7 +509,7 @@ fn endpoint(
                 app_protocol,
             })
             .collect(),
-        node: doc.node,
+        node: doc.node.map(|n| n.value),
         zone,
         conditions,
         hints: Hints {
