@@ -490,6 +490,36 @@ async fn requests_breaking_rfc_9112_host_and_framing_rules_never_reach_a_pod() {
     assert!(reply.head.contains("connection: close"), "{reply:?}");
 }
 
+/// A head that holds a bare CR (RFC 9112 §2.2) or another control byte where none may
+/// be, and no line feed, is refused at once rather than left to the head timeout: the
+/// CR-only payloads of the smuggling scanner (tests/conformance.rs) are this case, and
+/// nginx answers them with 400 at once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_with_a_bare_cr_or_a_control_byte_are_refused_at_once() {
+    let dir = TempDir::new("bare-cr");
+    let pod = raw_backend(None, |_, _| (ok("hi", ""), false)).await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    for request in [
+        &b"POST / HTTP/1.1\rHost: api\rContent-Length: 0\r\r"[..],
+        b"GET / HTTP/1.1\rHost: api\r\r",
+        b"GET /t HTTP/1.1\r\nhost: api\rx-a: b\r\r",
+        b"GET /\0 HTTP/1.1",
+        b"GET / HTTP/1.1\r\nhost: api\r\nx-a: \x01",
+    ] {
+        let mut stream = TcpStream::connect(proxima.proxy).await.expect("connect");
+        stream.write_all(request).await.expect("write");
+        // The write side stays open: only the proxy can end this exchange early.
+        let mut answer = vec![0; 2048];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{request:?}: no answer within 5 s"))
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{request:?}: {answer}");
+        assert!(answer.contains("application/json"), "{request:?}: {answer}");
+    }
+}
+
 /// At the highest `--max-request-headers`, hyper's own header array (4 x the limit)
 /// would be larger than a `HeaderMap` can hold: a head with more lines than a map takes
 /// must still get 431 with JSON, not a panic and a dropped connection.

@@ -326,6 +326,28 @@ impl ConnService {
         &self.proxy.config.service_header
     }
 
+    /// `400` for a head no HTTP/1.1 parser can take (a bare CR, a control byte in a
+    /// field, a broken request line), answered with the same JSON as hyper's `400`
+    /// (`conn.rs`); the connection closes after it.
+    pub(crate) fn malformed(&self) -> http::Response<crate::ResponseBody> {
+        // Counted as a request with its own answer, so that the connection does not take
+        // this head for one of hyper's bare error heads and replace it.
+        drop(self.activity.begin(true));
+        let status = http::StatusCode::BAD_REQUEST;
+        self.proxy.metrics.unrouted(status);
+        debug!(status = 400, "request refused: malformed head");
+        let mut response = reply::error(
+            status,
+            "malformed request",
+            "",
+            "the request head is not valid HTTP/1.1",
+        );
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
+    }
+
     /// Admit `req` (or refuse it: shed, over the limits) and resolve the service it
     /// names; `cache` remembers the connection's last service name. What is left is
     /// [`Admitted::answer`], which borrows nothing from the connection.

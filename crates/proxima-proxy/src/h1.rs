@@ -219,10 +219,7 @@ pub(crate) async fn exchange<B>(
             Ok(_) => {}
             Err(e) => return Err(H1Error::Read(e)),
         }
-        // A head ends with a line end, so it can only have become complete if the new
-        // bytes hold one; parsing only then keeps a pod that sends its head a byte at
-        // a time from making the parse quadratic.
-        if buf[had..].contains(&b'\n') {
+        if may_settle_head(&buf[had..]) {
             if let Some(head) = parse_head(&mut buf, max_headers, head_request)? {
                 // What is left of the buffer (nothing, its allocation shared with the
                 // head and body just split off) is the next exchange's: once those are
@@ -361,6 +358,16 @@ impl Head {
         body.raw = self.raw;
         Response::from_parts(self.parts, body)
     }
+}
+
+/// Whether bytes just read may have completed a head or made it invalid: they hold a
+/// control byte. A head ends with a line end, so it can only have become complete if
+/// they hold one; and a bare CR (RFC 9112 §2.2), a NUL or another control byte makes
+/// it invalid at once, which the parser says then, instead of the head's timeout
+/// answering a request that will never end in a line end. Parsing only then keeps a
+/// peer that sends its head a byte at a time from making the parse quadratic.
+pub(crate) fn may_settle_head(new: &[u8]) -> bool {
+    new.iter().any(|&b| b < 0x20 || b == 0x7f)
 }
 
 /// Parse the response head at the start of `buf`, skipping interim responses:
@@ -1323,7 +1330,7 @@ pub fn exchange_for_differential(
     // `exchange` parses once a read brings a line end, and fails at the close with the
     // head incomplete.
     let mut buf = BytesMut::from(input);
-    let head = match input.contains(&b'\n') {
+    let head = match may_settle_head(input) {
         true => parse_head(&mut buf, max_headers, head_request).map_err(|e| e.to_string())?,
         false => None,
     };

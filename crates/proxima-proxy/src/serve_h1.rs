@@ -131,10 +131,9 @@ pub(crate) async fn serve(
     loop {
         let (mut answer, keep_alive, head_request, version) = {
             let parsed = loop {
-                // A head ends with a line end, so it can only have become complete if the
-                // new bytes hold one: a client sending a byte at a time cannot make the
-                // parse quadratic.
-                if buf[searched..].contains(&b'\n') {
+                // See `may_settle_head`: a client sending a byte at a time cannot make
+                // the parse quadratic.
+                if crate::h1::may_settle_head(&buf[searched..]) {
                     let mut fields = crate::spare::take().unwrap_or_default();
                     let parsed = parse_request(
                         &mut buf,
@@ -147,6 +146,7 @@ pub(crate) async fn serve(
                         Parse::Partial => {}
                         Parse::Request(parsed) => break parsed,
                         Parse::NotNative => return handoff(io, buf, cache),
+                        Parse::Invalid => return refuse_malformed(service, io).await,
                     }
                 }
                 searched = buf.len();
@@ -227,6 +227,18 @@ pub(crate) async fn serve(
     }
 }
 
+/// Answer a head httparse refuses with `400` and close. Not left to hyper: after a
+/// first read that ended mid-head, hyper parses again only once the buffer holds a head's
+/// end (CRLF CRLF or LF LF), which a head broken by a bare CR may never send; the client
+/// would wait out the head timeout for its answer.
+async fn refuse_malformed(service: &ConnService, mut io: Watched<TcpStream>) -> Served {
+    let mut head = Vec::new();
+    let response = service.malformed();
+    let _ = respond(&mut io, &mut head, response, Version::HTTP_11, false, true).await;
+    let _ = io.shutdown().await;
+    Served::Closed
+}
+
 fn handoff(mut io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Served {
     io.replay(buf.freeze());
     Served::Handoff { io, cache }
@@ -243,6 +255,8 @@ struct Native {
 #[allow(clippy::large_enum_variant)]
 enum Parse {
     Partial,
+    /// A head httparse refuses: no parser can serve it.
+    Invalid,
     Request(Native),
     NotNative,
 }
@@ -272,6 +286,8 @@ impl crate::spare::Spare for Vec<Field> {
 enum Unserved {
     /// More header fields than the slots given.
     TooManyHeaders,
+    /// Not HTTP/1.1: httparse refuses the head.
+    Invalid,
     Other,
 }
 
@@ -313,6 +329,7 @@ fn parse_request(
     } = match scanned {
         Ok(Some(scanned)) => scanned,
         Ok(None) => return Parse::Partial,
+        Err(Unserved::Invalid) => return Parse::Invalid,
         Err(_) => return Parse::NotNative,
     };
     let head = buf.split_to(len).freeze();
@@ -372,7 +389,9 @@ fn scan<'b>(
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(Unserved::TooManyHeaders),
-        Err(_) => return Err(Unserved::Other),
+        // Another version (HTTP/2's preface, say) is hyper's to answer.
+        Err(httparse::Error::Version) => return Err(Unserved::Other),
+        Err(_) => return Err(Unserved::Invalid),
     };
     let version = match parsed.version {
         Some(0) => Version::HTTP_10,
@@ -457,19 +476,22 @@ pub enum NativeRequest {
     Partial,
     /// Left to hyper, every byte of the input with it.
     Handoff,
+    /// Refused with `400` by the loop itself: httparse refuses the head.
+    Invalid,
 }
 
 /// For the differential tests: parse the start of `input` as the native loop does (it
-/// parses once its buffer holds a line end).
+/// parses once its buffer holds a control byte, see `h1::may_settle_head`).
 #[doc(hidden)]
 pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> NativeRequest {
-    if !input.contains(&b'\n') {
+    if !crate::h1::may_settle_head(input) {
         return NativeRequest::Partial;
     }
     let mut buf = BytesMut::from(input);
     match parse_request(&mut buf, max_headers, &mut Vec::new(), &SERVICE_HEADER) {
         Parse::Partial => NativeRequest::Partial,
         Parse::NotNative => NativeRequest::Handoff,
+        Parse::Invalid => NativeRequest::Invalid,
         Parse::Request(Native {
             request,
             keep_alive,
@@ -926,12 +948,19 @@ mod tests {
             b"GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
             b"CONNECT svc:80 HTTP/1.1\r\n\r\n",
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-            b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
-            b"GET /\x7f HTTP/1.1\r\n\r\n",
         ] {
             let (parsed, rest) = parse(head);
             assert!(matches!(parsed, Parse::NotNative), "{head:?}");
             assert_eq!(&rest[..], head, "bytes kept for hyper");
+        }
+        // What httparse refuses is refused here (400), not left to hyper.
+        for head in [
+            &b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n"[..],
+            b"GET /\x7f HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\rHost: a\r\r",
+            b"GET / HTTP/1.1\r\nHost: a\rX: b\r\r",
+        ] {
+            assert!(matches!(parse(head).0, Parse::Invalid), "{head:?}");
         }
         // Refused only after the split (the target is too long for `http`): given back.
         let long = format!("GET /{} HTTP/1.1\r\n\r\nGET /next", "u".repeat(70_000));
