@@ -3,7 +3,8 @@
 # etcd (Debian package), every Kubernetes component + agnhost and Fortio (built from Go
 # modules, cached), containerd, runc, the CNI plugins and podman (Debian packages) for the
 # one-node cluster of tests/k8s_node.rs, promtool (Debian package prometheus, or built from
-# Go modules), and the release binary the Proxima image is built from.
+# Go modules), h2spec and smugglex (Go module proxy, crates.io) with nginx for the outside
+# conformance suites, and the release binary the Proxima image is built from.
 # Fails, never skips, when something cannot be provisioned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ bash tests/k8s/provision.sh
 
 echo "==> provisioning promtool for the dashboard check (tests/dashboard.rs)"
 bash tests/provision-promtool.sh
+
+echo "==> provisioning h2spec, smugglex and nginx for the conformance suites (tests/conformance.rs)"
+bash tests/conformance/provision.sh
 
 echo "==> building the binaries the end-to-end tests start"
 cargo build --workspace --bins
