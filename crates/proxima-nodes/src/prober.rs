@@ -34,10 +34,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::header::{HeaderValue, HOST, USER_AGENT};
 use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use proxima_core::environment::LatencyReading;
 use proxima_core::{Router, Usage};
 use rand::RngCore;
+use tokio::net::TcpStream;
+use tower::Service;
 use tracing::{debug, info};
 
 use crate::metrics::NodeGauges;
@@ -170,18 +173,26 @@ pub async fn ping_with(
         .map_err(|_| ProbeError::Timeout(timeout))?
 }
 
+/// A connection to the peer at `addr`, leaving from `bind` (`--upstream-bind`) as the
+/// proxy's own connections to pods do, through hyper-util's connector, which binds the
+/// local address when it is of `addr`'s family, and turns Nagle off (a small request and
+/// reply must not wait for each other).
+async fn connect(addr: SocketAddr, bind: Option<IpAddr>) -> io::Result<TokioIo<TcpStream>> {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(bind);
+    connector.set_nodelay(true);
+    let uri = hyper::Uri::try_from(format!("http://{addr}/")).map_err(io::Error::other)?;
+    connector.call(uri).await.map_err(io::Error::other)
+}
+
 async fn exchange(
     addr: SocketAddr,
     bind: Option<IpAddr>,
     token: Option<&str>,
 ) -> Result<Answer, ProbeError> {
-    let stream = proxima_proxy::connect_from(addr, bind)
-        .await
-        .map_err(ProbeError::Connect)?;
-    // Small request and reply: do not let Nagle hold them back.
-    let _ = stream.set_nodelay(true);
+    let stream = connect(addr, bind).await.map_err(ProbeError::Connect)?;
     let (mut sender, conn) =
-        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await?;
+        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(stream).await?;
     let mut request = Request::new(Empty::new());
     *request.uri_mut() = hyper::Uri::from_static(PING_PATH);
     let headers = request.headers_mut();
@@ -436,6 +447,19 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+
+    #[tokio::test]
+    async fn probes_leave_from_the_bind_address() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let local: IpAddr = "127.0.0.2".parse().unwrap();
+        let _bound = connect(addr, Some(local)).await.unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(peer.ip(), local);
+        let _unbound = connect(addr, None).await.unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(peer.ip(), IpAddr::from([127, 0, 0, 1]));
+    }
 
     fn prober(smoothing: f64) -> PeerProber {
         let gauges = Arc::new(NodeGauges::register(&prometheus::Registry::new()).unwrap());
