@@ -58,13 +58,13 @@ pub struct ProxyConfig {
     pub body_idle_timeout: Duration,
     /// Most requests at once on one HTTP/2 connection to an h2c pod (fewer if the pod's
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` says so); beyond it another connection is
-    /// opened (`upstream_h2.rs`). Default 100.
+    /// opened (`upstream/h2.rs`). Default 100.
     pub h2_max_streams: u32,
     /// How often each HTTP/2 connection to a pod pings it; one unanswered for 5 s (or
     /// this, if shorter) closes the connection. Default 10 s.
     pub h2_ping_interval: Duration,
     /// An upgraded connection (a WebSocket) on which no byte moves either way for this
-    /// long is closed (`tunnel.rs`). Default 5 minutes.
+    /// long is closed (`forward/tunnel.rs`). Default 5 minutes.
     pub tunnel_idle_timeout: Duration,
     /// Most tunnels one client address may hold open; beyond it its upgrades get `429`,
     /// so that one client cannot take every connection place from the others (its

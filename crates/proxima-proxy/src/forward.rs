@@ -36,7 +36,7 @@
 //! (at least 250 ms) while its pod answered nothing else, the pod leaves the pool as
 //! hung (`Router::record_unanswered`); and if the client goes away first, the wait so
 //! far is stored (`Router::record_abandoned`). Each report carries the
-//! proxy's own stall during the attempt (`stall.rs`), so that the proxy's lag is not
+//! proxy's own stall during the attempt (`client/stall.rs`), so that the proxy's lag is not
 //! held against the pod.
 
 use std::cell::RefCell;
@@ -58,18 +58,25 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, error, info, warn};
 
-use crate::body::{Finish, ResponseBody, Rest, UpstreamBody};
-use crate::connect::ConnectError;
-use crate::h1::{self, UpstreamError};
-use crate::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
+use crate::forward::body::{Finish, ResponseBody, Rest, UpstreamBody};
+use crate::forward::headers::{add_forwarded, header_bytes, strip_hop_by_hop};
+use crate::forward::request_body::RequestBody;
+use crate::forward::target::{split_port, TargetError, TargetSource};
+use crate::http1::{self, UpstreamError};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
-use crate::pool::{ConnPool, Held, Sender};
-use crate::reply;
-use crate::request_body::RequestBody;
-use crate::target::{split_port, TargetError, TargetSource};
+use crate::upstream::connect::ConnectError;
+use crate::upstream::pool::{ConnPool, Held, Sender};
 use crate::Proxy;
 use verdict::{Ended, Next, Place, Refusal};
 
+pub(crate) mod body;
+pub(crate) mod grpc;
+pub(crate) mod headers;
+pub(crate) mod pump;
+pub(crate) mod reply;
+pub(crate) mod request_body;
+pub mod target;
+pub(crate) mod tunnel;
 mod verdict;
 
 /// Pooled connections tried for one attempt before a fresh one is opened.
@@ -89,7 +96,7 @@ fn with_rng<R>(pick: impl FnOnce(&mut SmallRng) -> R) -> R {
     })
 }
 
-/// The service a request names, resolved when the request arrived (see `server.rs`).
+/// The service a request names, resolved when the request arrived (see `client/server.rs`).
 #[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) key: Arc<ServiceKey>,
@@ -204,7 +211,7 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 
 /// Send `req` to the pod at `addr`: on a pooled connection if one is ready, else on a
 /// fresh one (see the module docs). A request without a body goes through the proxy's
-/// own HTTP/1.1 exchange (`h1.rs`), one with a body through hyper's client.
+/// own HTTP/1.1 exchange (`http1/mod.rs`), one with a body through hyper's client.
 ///
 /// A pooled connection can turn out dead under the request: the pod closed it while idle
 /// (many servers do, without `Connection: close`), racing with the reuse. If nothing of
@@ -287,7 +294,7 @@ pub(crate) fn attempt<'a>(
             let sender = match held {
                 Held::Parked(socket) if native => {
                     sent.store(true, Ordering::Relaxed);
-                    match h1::exchange(socket, &req, pool.max_response_headers()).await {
+                    match http1::exchange(socket, &req, pool.max_response_headers()).await {
                         Ok(response) => {
                             return match first_frame(response.map(Rest::Native), deadline).await {
                                 Ok((response, at)) => {
@@ -464,7 +471,7 @@ struct Upstream<'a> {
     connect_timeout: Duration,
 }
 
-/// Send `req` to an h2c pod on a multiplexed connection (`upstream_h2.rs`): a stream on
+/// Send `req` to an h2c pod on a multiplexed connection (`upstream/h2.rs`): a stream on
 /// a connection with room, or on a new one. A connection that was closing (GOAWAY, pod
 /// gone) gives the request back untouched and another is tried. A request the pod
 /// refused unprocessed (`REFUSED_STREAM`, above a graceful GOAWAY) comes back as not
@@ -535,7 +542,7 @@ async fn by_h2(
         }
         let unprocessed: Option<fn(hyper::Error) -> ConnectError> = if !seat.pod_spoke_h2() {
             Some(ConnectError::NotHttp2)
-        } else if crate::upstream_h2::never_processed(&error) {
+        } else if crate::upstream::h2::never_processed(&error) {
             Some(ConnectError::Refused)
         } else {
             None
@@ -557,11 +564,11 @@ async fn by_h2(
 /// follows messages is not waited for: the call's sample is its time to headers, and
 /// its messages say the pod is serving it.
 fn grpc_status(response: &Response<UpstreamBody>) -> Option<u8> {
-    crate::grpc::status(response.headers()).or_else(|| {
+    crate::forward::grpc::status(response.headers()).or_else(|| {
         response
             .body()
             .first_trailers()
-            .and_then(crate::grpc::status)
+            .and_then(crate::forward::grpc::status)
     })
 }
 
@@ -615,7 +622,7 @@ fn for_h2(req: &mut Request<RequestBody>, addr: SocketAddr) {
 /// A response with both `Transfer-Encoding` and `Content-Length` is framed by the
 /// former, and the latter must not be passed on (RFC 9112 §6.3): the client would trust
 /// a length the body does not have. Invalid lengths and codings the client could not be
-/// told of are errors (`h1::check_length_fields`).
+/// told of are errors (`http1::check_length_fields`).
 // Not an `async fn`: see above.
 #[allow(clippy::manual_async_fn)]
 fn first_frame(
@@ -629,7 +636,7 @@ fn first_frame(
         let (mut parts, mut rest) = response.into_parts();
         if let Rest::Hyper(body) = &rest {
             // The native exchange checked these while framing the body.
-            h1::check_length_fields(&mut parts.headers, !body.is_end_stream())?;
+            http1::check_length_fields(&mut parts.headers, !body.is_end_stream())?;
         }
         let mut first = None;
         if !rest.is_end_stream() {
@@ -672,7 +679,7 @@ fn died_before_response(error: &hyper::Error) -> bool {
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return h1::is_connection_break(io);
+            return http1::is_connection_break(io);
         }
         source = cause.source();
     }
@@ -799,7 +806,7 @@ fn prepare(req: &mut Request<RequestBody>, client_ip: &HeaderValue) {
 
 /// What [`Proxy::watched`] watches an attempt by.
 struct Watch<'a> {
-    /// The proxy's stall total when the attempt began (`stall.rs`).
+    /// The proxy's stall total when the attempt began (`client/stall.rs`).
     stall_start: Duration,
     slo: Duration,
     /// The request's deadline: no response headers by then is a timeout.
@@ -1156,7 +1163,7 @@ impl Proxy {
     ) -> impl std::future::Future<Output = Response<ResponseBody>> {
         async move {
             let start = Instant::now();
-            if crate::give_way::request_begins(start) {
+            if crate::client::give_way::request_begins(start) {
                 self.metrics.worker_yielded();
             }
             let target = match self.screen(&req, target) {
@@ -1167,7 +1174,7 @@ impl Proxy {
                 .ok()
                 .and_then(|(_, port)| port);
             let key = &*target.key;
-            if let Some(asked) = crate::tunnel::asked(&req) {
+            if let Some(asked) = crate::forward::tunnel::asked(&req) {
                 return self.tunnel(req, key, port, asked, &client_ip, start).await;
             }
             if req.method() == Method::CONNECT {
@@ -1179,8 +1186,10 @@ impl Proxy {
                 );
             }
             let client_version = req.version();
-            let grpc = crate::grpc::is_call(req.headers());
-            let grpc_timeout = grpc.then(|| crate::grpc::timeout(req.headers())).flatten();
+            let grpc = crate::forward::grpc::is_call(req.headers());
+            let grpc_timeout = grpc
+                .then(|| crate::forward::grpc::timeout(req.headers()))
+                .flatten();
             prepare(&mut req, &client_ip);
             let replayable = req.body().is_end_stream() && is_idempotent(req.method());
 

@@ -8,55 +8,39 @@
 //! pool ([`proxima_core::Router::record`]). Evicted endpoints are probed in the
 //! background ([`run_prober`]) until they meet the SLO again.
 //!
-//! * `server`: listening, HTTP/1.1 + h2c, graceful shutdown ([`serve`]).
-//! * [`target`]: which service a request names.
-//! * `forward`: the request path: pick, connect, send, retry, measure.
-//! * `pool`: upstream connections and their bounded keep-alive pool; [`connect_from`]:
-//!   the one way out of a bind address, shared with the peer prober of `proxima_nodes`.
-//! * `conn`: client connection timeouts (silent, idle and stalled connections).
-//! * `headers`, `request_body`, `body`, `reply`: header rewriting, streaming bodies,
-//!   error answers.
+//! The source is laid out by role; each folder's module docs say what is in it:
+//!
+//! * `client/`: client connections: listening, HTTP/1.1 + h2c, graceful shutdown
+//!   ([`serve`]), worker threads ([`serve_on_workers`]), a connection's timeouts and
+//!   parking, and what a request goes through before it is forwarded (`conn_service`:
+//!   admission, RFC 9112's rules for a request's head, the service it names).
+//! * `http1/`: the HTTP/1 codec: heads, framing (RFC 9112 §6.3), chunked bodies, the
+//!   exchange with pods (`mod.rs`), and the proxy's own HTTP/1.1 server loop for
+//!   body-less requests (`serve.rs`). Where a request's or a response's framing is
+//!   decided.
+//! * `forward.rs` and `forward/`: a request's path: pick, send, measure, and the retry
+//!   loop (`forward.rs`), each attempt's verdict (`verdict.rs`), which service a request
+//!   names ([`target`]), bodies (`body`, `request_body`, `pump`), header rewriting
+//!   (`headers`), error answers (`reply`), gRPC (`grpc`) and tunnels (`tunnel`:
+//!   WebSockets, extended CONNECT).
+//! * `upstream/`: where a pod connection comes from (`connect`, [`connect_from`]), the
+//!   keep-alive pool (`pool`), HTTP/2 to h2c pods (`h2`), and the background probes of
+//!   evicted pods (`prober`, [`run_prober`]).
 //! * [`Metrics`]: Prometheus metrics; `spans`: the `request` span every log line about
-//!   a request carries.
-//! * `prober`: background probes ([`run_prober`]).
-//! * `stall`: the proxy's own scheduling lag, so that its stalls are not held
-//!   against the pods.
-//! * `workers`: serving on worker threads with a single-threaded runtime each
-//!   ([`serve_on_workers`]); `give_way`: a worker busy for a while yields the CPU
-//!   once, so a sibling queued on its CPU is not held to the kernel's next tick.
+//!   a request carries; `clock`, `spare`: the coarse clock and the per-thread spare
+//!   buffers of the hot path.
 
 #![warn(missing_docs)]
 
-mod balance;
-mod body;
+mod client;
 mod clock;
 mod config;
-mod conn;
-mod conn_service;
-mod connect;
 mod forward;
-mod gate;
-mod give_way;
-mod grpc;
-mod h1;
-mod headers;
+mod http1;
 mod metrics;
-mod park;
-mod pool;
-mod prober;
-mod pump;
-mod reply;
-mod request_body;
-mod serve_h1;
-mod server;
 mod spans;
 mod spare;
-mod stall;
-pub mod target;
-mod tunnel;
-mod upstream_h2;
-mod worker;
-mod workers;
+mod upstream;
 
 use std::sync::Arc;
 
@@ -66,28 +50,29 @@ use tokio::sync::Semaphore;
 /// The `prometheus` crate the [`Metrics`] are registered with.
 pub use prometheus;
 
-pub use body::ResponseBody;
+#[doc(hidden)]
+pub use client::conn_service::refusal_for_differential;
+pub use client::give_way::DEFAULT_LIMIT as DEFAULT_YIELD_AFTER;
+pub use client::server::serve;
+pub use client::workers::{serve_on_workers, WorkerCpus, WorkerOptions, Workers};
 pub use config::ProxyConfig;
+pub use forward::body::ResponseBody;
+pub use forward::target;
+pub use forward::target::{parse_target, TargetError, TargetSource};
 #[doc(hidden)]
-pub use conn_service::refusal_for_differential;
-pub use connect::connect_from;
-pub use give_way::DEFAULT_LIMIT as DEFAULT_YIELD_AFTER;
+pub use http1::decode_for_fuzzing;
+pub use http1::serve::parse_request_for_fuzzing;
 #[doc(hidden)]
-pub use h1::decode_for_fuzzing;
+pub use http1::serve::{parse_request_for_differential, NativeRequest};
 #[doc(hidden)]
-pub use h1::{exchange_for_differential, PlainMessage};
-pub use h1::{H1Error, UpstreamError};
+pub use http1::{exchange_for_differential, PlainMessage};
+pub use http1::{H1Error, UpstreamError};
 pub use metrics::{Metrics, MetricsOptions};
-pub use prober::run_prober;
-pub use serve_h1::parse_request_for_fuzzing;
-#[doc(hidden)]
-pub use serve_h1::{parse_request_for_differential, NativeRequest};
-pub use server::serve;
-pub use target::{parse_target, TargetError, TargetSource};
-pub use workers::{serve_on_workers, WorkerCpus, WorkerOptions, Workers};
+pub use upstream::connect::connect_from;
+pub use upstream::prober::run_prober;
 
-use pool::{ConnPool, PoolBounds};
-use stall::StallMeter;
+use client::stall::StallMeter;
+use upstream::pool::{ConnPool, PoolBounds};
 
 /// The data plane: routing table, metrics, settings and upstream connections, shared by
 /// every connection and by the prober.
@@ -97,22 +82,22 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     config: ProxyConfig,
     pool: Arc<ConnPool>,
-    /// The scheduling lag of the runtime `Proxy::new` ran on (see `stall.rs`); worker
+    /// The scheduling lag of the runtime `Proxy::new` ran on (see `client/stall.rs`); worker
     /// threads have their own (`workers.rs`).
     stall: Arc<StallMeter>,
     /// Recent requests that traffic-shaped probes imitate (`qos-pool-probe: traffic`).
-    probe_shapes: prober::TrafficShapes,
-    /// Places for requests in flight (`max_concurrent_requests`); see `server.rs`.
+    probe_shapes: upstream::prober::TrafficShapes,
+    /// Places for requests in flight (`max_concurrent_requests`); see `client/server.rs`.
     admission: Arc<Semaphore>,
     /// Places for open client connections (`max_client_connections`), shared by every
-    /// listener and worker that serves this proxy; see `server.rs`.
+    /// listener and worker that serves this proxy; see `client/server.rs`.
     connections: Arc<Semaphore>,
-    /// Tunnels open now (`tunnel.rs`): a shutdown waits for them, up to its grace.
+    /// Tunnels open now (`forward/tunnel.rs`): a shutdown waits for them, up to its grace.
     tunnels: tokio::sync::watch::Sender<usize>,
     /// Set when a shutdown's grace is over: the tunnels still open close.
     cut_tunnels: tokio::sync::watch::Sender<bool>,
     /// Tunnels open now per client address (`max_tunnels_per_client`).
-    tunnels_by_client: Arc<tunnel::ClientTunnels>,
+    tunnels_by_client: Arc<forward::tunnel::ClientTunnels>,
 }
 
 impl Proxy {
@@ -146,7 +131,7 @@ impl Proxy {
             config,
             pool,
             stall,
-            probe_shapes: prober::TrafficShapes::default(),
+            probe_shapes: upstream::prober::TrafficShapes::default(),
             admission,
             connections,
             tunnels: tokio::sync::watch::Sender::new(0),
@@ -155,10 +140,10 @@ impl Proxy {
         })
     }
 
-    /// The proxy's stall total up to `now` (see `stall.rs`), from the meter of the
+    /// The proxy's stall total up to `now` (see `client/stall.rs`), from the meter of the
     /// calling worker thread, or the proxy's own off the workers.
     pub(crate) fn stall_total(&self, now: std::time::Instant) -> std::time::Duration {
-        worker::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
+        client::worker::with_stall(|worker| worker.unwrap_or(&self.stall).total(now))
     }
 
     /// The routing table it picks from.

@@ -19,9 +19,9 @@
 //! | `proxima_requests_shed_total` | | requests answered `503` at once because `--max-concurrent-requests` were in flight (also counted in `proxima_requests_total{service="",code="503"}`) |
 //! | `proxima_worker_yields_total` | | times a data-plane worker, busy without a sleep for `--worker-yield-after` while a sibling worker had not run for as long, gave its CPU away once (`give_way.rs`) |
 //! | `proxima_client_connections` | | client connections open now |
-//! | `proxima_client_connections_parked` | | of those, idle ones parked without a task of their own (`park.rs`) |
+//! | `proxima_client_connections_parked` | | of those, idle ones parked without a task of their own (`client/park.rs`) |
 //! | `proxima_client_connections_closed_total` | reason=`shed`\|`header_timeout`\|`idle`\|`stalled` | client connections the proxy closed: over `--max-client-connections`, no request headers in time, idle, or no byte moved while a body was streaming |
-//! | `proxima_tunnels_open` | | upgraded connections (WebSockets) tunnelled to pods now (`tunnel.rs`) |
+//! | `proxima_tunnels_open` | | upgraded connections (WebSockets) tunnelled to pods now (`forward/tunnel.rs`) |
 //! | `proxima_tunnels_total` | outcome=`opened`\|`declined`\|`refused` | upgrade requests: tunnels opened, declined by the pod (its answer passed on), refused by the proxy over `--max-client-connections` |
 //! | `proxima_tunnels_closed_total` | reason=`closed`\|`error`\|`idle`\|`removed`\|`shutdown` | tunnels ended: a side closed, a side failed, nothing moved for `--tunnel-idle-timeout`, the pod left discovery, still open at the end of a shutdown's grace |
 //!
@@ -274,7 +274,7 @@ impl PoolMetrics {
         self.parked.set(i64::try_from(parked).unwrap_or(i64::MAX));
     }
 
-    /// A worker took over another worker's idle socket (`pool.rs`).
+    /// A worker took over another worker's idle socket (`upstream/pool.rs`).
     pub(crate) fn adopted(&self) {
         self.adopted.inc();
     }
@@ -627,7 +627,7 @@ impl Metrics {
         self.handed_over.inc();
     }
 
-    /// Count a request shed for overload (see `server.rs`).
+    /// Count a request shed for overload (see `client/server.rs`).
     pub(crate) fn shed(&self) {
         self.shed.inc();
         self.unrouted(http::StatusCode::SERVICE_UNAVAILABLE);

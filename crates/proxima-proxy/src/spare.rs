@@ -48,7 +48,7 @@ pub(crate) fn give_back<T: Spare>(mut item: T) {
 }
 
 /// Header maps: a request's and a response's map cost two allocations each, on every
-/// request. A map comes back once its head has been written (`serve_h1::respond`,
+/// request. A map comes back once its head has been written (`http1::serve::respond`,
 /// `forward::attempt`).
 impl Spare for HeaderMap {
     fn kept() -> &'static LocalKey<RefCell<Vec<Self>>> {
@@ -76,7 +76,7 @@ impl Spare for Vec<u8> {
     }
 
     fn reset(&mut self) -> bool {
-        /// A head with a large body frame copied behind it (`serve_h1::respond`) is
+        /// A head with a large body frame copied behind it (`http1::serve::respond`) is
         /// under 16 KiB; larger buffers are freed.
         const MAX_BYTES: usize = 16 * 1024;
         self.clear();

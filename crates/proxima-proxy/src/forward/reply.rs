@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
-use crate::body::ResponseBody;
+use crate::forward::body::ResponseBody;
 
 /// An error answer: status, a short fixed `error`, the service as the client named it
 /// (or empty) and a `detail` sentence.
@@ -44,7 +44,7 @@ pub(crate) struct ProxyMade {
 /// Whether a request is a gRPC call: HTTP/2 with `content-type: application/grpc` (or
 /// `application/grpc+proto` and the like).
 pub(crate) fn is_grpc<B>(req: &http::Request<B>) -> bool {
-    req.version() == http::Version::HTTP_2 && crate::grpc::is_call(req.headers())
+    req.version() == http::Version::HTTP_2 && crate::forward::grpc::is_call(req.headers())
 }
 
 /// The gRPC status code for an error status of the proxy's own (gRPC's

@@ -7,7 +7,7 @@
 //! and wakes that task for each step; measured on this machine (`benches/README.md`,
 //! fourth round) that dispatch cost about 3 µs of CPU per request, and every idle
 //! connection it drove kept two 8 KiB buffers and a task. Here an idle connection is
-//! only its socket (a "parked" one in `pool.rs`), and a response is read into one
+//! only its socket (a "parked" one in `upstream/pool.rs`), and a response is read into one
 //! buffer that its body frames share. Requests with a body keep going through hyper,
 //! whose request-body streaming (chunked uploads, `Expect`) is not repeated here.
 //!
@@ -36,6 +36,8 @@
 //! [`H1Error::nothing_sent`] and [`H1Error::died_before_response`] tell the cases apart
 //! for `forward.rs`.
 
+pub(crate) mod serve;
+
 use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
@@ -44,7 +46,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 
-use crate::headers::{
+use crate::forward::headers::{
     connection_options, is_hop_by_hop_name, ConnectionOptions, KEEP_ALIVE, PROXY_CONNECTION,
 };
 use http::response::Parts;
@@ -604,7 +606,7 @@ const MAX_RAW_RUNS: usize = 4;
 const MAX_RAW_FIELDS: usize = 256;
 
 /// A response head's fields kept as the pod sent them, for the proxy's own client loop
-/// (`serve_h1.rs`) to write as they are: nearly every response is passed on with its
+/// (`http1/serve.rs`) to write as they are: nearly every response is passed on with its
 /// fields unchanged, and building a header map from them, searching it for framing,
 /// writing it out and clearing it cost more than the rest of reading and writing the
 /// head. Only the connection's own fields are left out (`Connection`, `Keep-Alive`,
@@ -1503,7 +1505,7 @@ mod tests {
         assert!(parsed.keep_alive);
         assert!(parsed.raw.is_none(), "mapped, for the strip");
         assert!(parsed.parts.headers.contains_key(CONNECTION));
-        crate::headers::strip_hop_by_hop(&mut parsed.parts.headers);
+        crate::forward::headers::strip_hop_by_hop(&mut parsed.parts.headers);
         let mut names: Vec<_> = parsed.parts.headers.keys().map(|n| n.as_str()).collect();
         names.sort_unstable();
         assert_eq!(names, ["content-length", "x-kept"]);

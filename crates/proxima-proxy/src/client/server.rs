@@ -1,7 +1,7 @@
 //! The listening side: connections from clients, HTTP/1.1 and HTTP/2 (prior knowledge,
 //! `h2c`) on the same port, and graceful shutdown.
 //!
-//! Each connection is served by the proxy's own HTTP/1.1 loop (`serve_h1.rs`) until a
+//! Each connection is served by the proxy's own HTTP/1.1 loop (`http1/serve.rs`) until a
 //! request it leaves to hyper arrives, then by hyper's auto server, both calling the
 //! connection's service (`conn_service.rs`): admission, the target service of every
 //! request (reusing the previous key while the connection keeps naming the same
@@ -9,7 +9,7 @@
 //!
 //! An HTTP/1.1 connection that idles for `conn::PARK_AFTER` with nothing of a next
 //! request read parks: its task ends, and the worker's [`Lot`] keeps only its socket
-//! and a few fields until the socket is readable again (`park.rs`), so that thousands of
+//! and a few fields until the socket is readable again (`client/park.rs`), so that thousands of
 //! idle devices cost a few hundred bytes each.
 //!
 //! Shutdown drains in two steps, within `shutdown_grace` in all:
@@ -51,15 +51,15 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::balance::{Accepted, Member, Placed, Served};
-use crate::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched, PARK_AFTER};
-use crate::conn_service::ConnService;
-use crate::gate::Gate;
+use crate::client::balance::{Accepted, Member, Placed, Served};
+use crate::client::conn::{ConnActivity, ConnTimeouts, RateLimited, Verdict, Watched, PARK_AFTER};
+use crate::client::conn_service::ConnService;
+use crate::client::gate::Gate;
+use crate::client::park::{Client, Lot, Open, Parked, Woken};
+use crate::forward::request_body::RequestBody;
+use crate::forward::target::TargetCache;
+use crate::http1::serve;
 use crate::metrics::CloseReason;
-use crate::park::{Client, Lot, Open, Parked, Woken};
-use crate::request_body::RequestBody;
-use crate::serve_h1;
-use crate::target::TargetCache;
 use crate::{Proxy, ProxyConfig};
 
 /// Pause after an accept error (e.g. out of file descriptors) before accepting again.
@@ -105,7 +105,7 @@ fn builder(config: &ProxyConfig) -> auto::Builder<TokioExecutor> {
     let buffer = hyper_buffer(config);
     builder
         .http1()
-        // The header timeout is the connection driver's (`conn.rs`): hyper's would arm a
+        // The header timeout is the connection driver's (`client/conn.rs`): hyper's would arm a
         // timer for every request.
         .timer(TokioTimer::new())
         .header_read_timeout(None)
@@ -147,7 +147,7 @@ pub(crate) async fn serve_with(
 ) -> std::io::Result<()> {
     let servers = Arc::new(Servers {
         hyper: builder(&proxy.config),
-        native: serve_h1::Limits {
+        native: serve::Limits {
             max_head: hyper_buffer(&proxy.config),
             max_headers: hyper_max_headers(&proxy.config),
         },
@@ -508,15 +508,15 @@ async fn handed_over(balance: &mut Option<Member>) -> (Option<Accepted>, Served)
 /// then hyper's, set up once per listener; and the connections' timeouts.
 struct Servers {
     hyper: auto::Builder<TokioExecutor>,
-    native: serve_h1::Limits,
+    native: serve::Limits,
     timeouts: ConnTimeouts,
 }
 
 /// Serve one client connection while it is in use, closing it when it is silent, idle
-/// or stalled (see `conn.rs`) or, gracefully, when `stop` turns true; `Some` when it
-/// parks instead (`park.rs`).
+/// or stalled (see `client/conn.rs`) or, gracefully, when `stop` turns true; `Some` when it
+/// parks instead (`client/park.rs`).
 ///
-/// The connection starts on the proxy's own HTTP/1.1 loop (`serve_h1.rs`); hyper takes
+/// The connection starts on the proxy's own HTTP/1.1 loop (`http1/serve.rs`); hyper takes
 /// it over, with the bytes read so far, at the first request that loop leaves to it
 /// (a body, an upgrade, HTTP/2, a head it cannot parse). hyper's state is on the heap,
 /// paid only by the connections hyper takes over.
@@ -558,15 +558,15 @@ async fn drive(
     )
     .await
     {
-        serve_h1::Served::Closed => return None,
-        serve_h1::Served::Parked { io } => {
+        serve::Served::Closed => return None,
+        serve::Served::Parked { io } => {
             let stream = io.into_inner();
             return Some(Parked {
                 client: Client { stream, peer, open },
                 idle_until: watchdog.activity.idle_until(&timeouts),
             });
         }
-        serve_h1::Served::Handoff { io, cache } => (io, cache),
+        serve::Served::Handoff { io, cache } => (io, cache),
     };
     // hyper's connections do not park.
     watchdog.timeouts.park = None;
@@ -601,31 +601,31 @@ async fn drive(
 async fn serve_natively(
     service: &ConnService,
     io: Watched<TcpStream>,
-    limits: serve_h1::Limits,
+    limits: serve::Limits,
     watchdog: &mut Watchdog<'_>,
     gate: &Gate,
     stop: &mut watch::Receiver<bool>,
     draining: bool,
-) -> serve_h1::Served {
+) -> serve::Served {
     // Told to stop before it began: close, unless it is one of those a drain answers.
     if watchdog.stopping && !draining {
-        return serve_h1::Served::Closed;
+        return serve::Served::Closed;
     }
-    let asks = serve_h1::Asks::default();
+    let asks = serve::Asks::default();
     asks.close.store(draining, Ordering::Relaxed);
-    let native = serve_h1::serve(service, io, limits, &asks);
+    let native = serve::serve(service, io, limits, &asks);
     tokio::pin!(native);
     loop {
         tokio::select! {
             served = native.as_mut() => return served,
             event = gate.wrap(watchdog.next(stop)) => match event {
-                Event::Cut => return serve_h1::Served::Closed,
+                Event::Cut => return serve::Served::Closed,
                 // Accepted while the proxy drains: it closes after its one answer anyway,
                 // and its request may be on its way already (a close now would lose it).
                 Event::Graceful if draining => {}
                 // Between requests the connection just closes, as hyper's would; a
                 // request in flight is answered first, with `connection: close`.
-                Event::Graceful if watchdog.activity.is_idle() => return serve_h1::Served::Closed,
+                Event::Graceful if watchdog.activity.is_idle() => return serve::Served::Closed,
                 Event::Graceful => asks.close.store(true, Ordering::Relaxed),
                 // The loop parks when it next waits for a request with nothing read
                 // (the select polls it again at once).
@@ -641,12 +641,12 @@ enum Event {
     Graceful,
     /// Drop the connection now.
     Cut,
-    /// Idle long enough to park (`park.rs`).
+    /// Idle long enough to park (`client/park.rs`).
     Park,
 }
 
 /// The connection's timeouts and the proxy's shutdown, as events for the driver: one
-/// timer per connection, moved only when it fires (see `conn.rs`).
+/// timer per connection, moved only when it fires (see `client/conn.rs`).
 struct Watchdog<'a> {
     check: std::pin::Pin<Box<tokio::time::Sleep>>,
     timeouts: ConnTimeouts,
@@ -729,7 +729,7 @@ fn hyper_service(
         async move {
             let mut response = admitted.answer().await;
             // hyper writes the header map: fields that came raw go into it.
-            crate::h1::map_raw_fields(&mut response);
+            crate::http1::map_raw_fields(&mut response);
             Ok::<_, Infallible>(response)
         }
     })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::h1::UpstreamError;
+use crate::http1::UpstreamError;
 
 /// A TCP connection to `addr`, leaving from `bind` (any port) when given, else from
 /// the address the kernel chooses. A `bind` of the other address family than `addr`

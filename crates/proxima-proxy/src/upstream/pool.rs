@@ -30,7 +30,7 @@
 //! descriptor and its reactor registration) stays in the pool, in the same place by
 //! age. Taking a parked connection first checks that the pod has not closed it nor
 //! sent anything unasked; a request without a body then runs the proxy's own exchange
-//! on it (`h1.rs`), and one with a body starts hyper's HTTP/1.1 on it again. No bytes
+//! on it (`http1/mod.rs`), and one with a body starts hyper's HTTP/1.1 on it again. No bytes
 //! go over the wire for either, so it saves the TCP handshake a fresh connection would
 //! cost. The native exchange leaves its connection parked from the start: it keeps no
 //! state between requests, so most idle connections cost only their socket.
@@ -69,10 +69,10 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::connect::{connect_from, ConnectError};
+use crate::forward::request_body::RequestBody;
 use crate::metrics::{IdleCloseReason, PoolMetrics};
-use crate::request_body::RequestBody;
-use crate::upstream_h2::H2Pool;
+use crate::upstream::connect::{connect_from, ConnectError};
+use crate::upstream::h2::H2Pool;
 
 /// A connection to one pod, able to send the next request.
 #[derive(Debug)]
@@ -124,7 +124,7 @@ pub(crate) struct PoolBounds {
 }
 
 /// An idle connection: ready for the next request through hyper, or parked: a bare
-/// socket, which the native exchange (`h1.rs`) uses as it is and hyper starts
+/// socket, which the native exchange (`http1/mod.rs`) uses as it is and hyper starts
 /// HTTP/1.1 on again (module docs).
 #[derive(Debug)]
 pub(crate) enum Held {
@@ -249,7 +249,7 @@ pub(crate) struct ConnPool {
     /// other runtime (the prober's) would never be taken again, and would only hold an
     /// idle place, so it is closed after its exchange.
     workers_serve: AtomicBool,
-    /// The multiplexed connections to h2c pods (`upstream_h2.rs`).
+    /// The multiplexed connections to h2c pods (`upstream/h2.rs`).
     pub(crate) h2: H2Pool,
 }
 
@@ -328,7 +328,7 @@ impl ConnPool {
     }
 
     /// Open a new connection to `addr` within `timeout`, from the pool's bind address if
-    /// any, as a bare socket (for the native exchange, `h1.rs`).
+    /// any, as a bare socket (for the native exchange, `http1/mod.rs`).
     pub(crate) async fn connect_socket(
         &self,
         addr: SocketAddr,
@@ -407,7 +407,7 @@ impl ConnPool {
     /// connection per pod for each worker. A connection hyper drives stays with its
     /// worker (its task runs there).
     pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<Held> {
-        let worker = crate::worker::current_index();
+        let worker = crate::client::worker::current_index();
         let mut dropped = Vec::new();
         let (taken, adopted) = {
             let mut lists = self.lists();
@@ -455,7 +455,7 @@ impl ConnPool {
     /// beyond theirs. A bare socket is not checked here: its exchange read the
     /// response to its end a moment ago, and [`take`](Self::take) checks it anyway.
     fn put(&self, addr: SocketAddr, held: Held) {
-        let worker = crate::worker::current_index();
+        let worker = crate::client::worker::current_index();
         let closed = matches!(&held, Held::Ready(sender) if sender.is_closed());
         if closed || (worker == 0 && self.workers_serve.load(Ordering::Relaxed)) {
             return;
@@ -526,7 +526,7 @@ impl ConnPool {
         }
         let idle = Idle {
             held,
-            worker: crate::worker::current_index(),
+            worker: crate::client::worker::current_index(),
             since: place.since,
             seq: place.seq,
         };
@@ -660,18 +660,18 @@ mod tests {
         let sender = pool.connect(addr, Duration::from_secs(5)).await.unwrap();
         // Let the connection's task run once, so the connection says it is ready.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        crate::worker::pretend_worker(1);
+        crate::client::worker::pretend_worker(1);
         pool.put(addr, Held::Ready(sender));
         assert_eq!(pool.idle_to(addr), 1);
 
-        crate::worker::pretend_worker(2);
+        crate::client::worker::pretend_worker(2);
         assert!(
             pool.take(addr, Instant::now()).is_none(),
             "worker 2 took worker 1's"
         );
         assert_eq!(pool.idle_to(addr), 1, "and left it in the pool");
 
-        crate::worker::pretend_worker(1);
+        crate::client::worker::pretend_worker(1);
         assert!(pool.take(addr, Instant::now()).is_some());
         assert_eq!(pool.idle_to(addr), 0);
     }
@@ -700,7 +700,7 @@ mod tests {
             let pool = pool.clone();
             std::thread::spawn(move || {
                 runtime().block_on(async {
-                    crate::worker::pretend_worker(1);
+                    crate::client::worker::pretend_worker(1);
                     let socket = pool
                         .connect_socket(addr, Duration::from_secs(5))
                         .await
@@ -719,12 +719,12 @@ mod tests {
         let second = pool.clone();
         let status = std::thread::spawn(move || {
             runtime().block_on(async {
-                crate::worker::pretend_worker(2);
+                crate::client::worker::pretend_worker(2);
                 let Some(Held::Parked(socket)) = second.take(addr, Instant::now()) else {
                     panic!("worker 2 did not adopt the parked socket");
                 };
                 let req = http::Request::get("/").body(()).unwrap();
-                let response = crate::h1::exchange(socket, &req, 100).await.unwrap();
+                let response = crate::http1::exchange(socket, &req, 100).await.unwrap();
                 response.status()
             })
         })
@@ -739,7 +739,7 @@ mod tests {
         let third = pool.clone();
         std::thread::spawn(move || {
             runtime().block_on(async {
-                crate::worker::pretend_worker(0);
+                crate::client::worker::pretend_worker(0);
                 assert!(third.take(addr, Instant::now()).is_none());
             });
         })

@@ -9,7 +9,7 @@
 //! replayed in front of the socket ([`Watched::replay`]): a request with a body, `Expect`,
 //! `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface, a head that does not parse or that
 //! outgrows the read limit. hyper then behaves exactly as if it had had the connection
-//! from the start, answers included (its own `400`/`431`/`414`, which `conn.rs` dresses
+//! from the start, answers included (its own `400`/`431`/`414`, which `client/conn.rs` dresses
 //! as JSON). The native loop never answers a protocol error itself.
 //!
 //! What the loop keeps of hyper's HTTP/1.1 server (RFC 9112):
@@ -28,11 +28,11 @@
 //!   which also watches for that only while no pipelined bytes are buffered;
 //! * a `date` header on answers without one, formatted once per second per thread;
 //! * a pod's header fields written as the pod sent them, when its head needs nothing
-//!   but its connection fields taken out (`h1::RawFields`): no header map is built,
+//!   but its connection fields taken out (`http1::RawFields`): no header map is built,
 //!   searched or written for the common answer. hyper's server, which writes maps,
-//!   gets them as one (`h1::map_raw_fields`).
+//!   gets them as one (`http1::map_raw_fields`).
 //!
-//! Timeouts and close reasons stay with the connection driver (`server.rs`, `conn.rs`),
+//! Timeouts and close reasons stay with the connection driver (`client/server.rs`, `client/conn.rs`),
 //! which sees this loop's reads and writes through the same [`Watched`] socket.
 
 use std::cell::RefCell;
@@ -53,13 +53,13 @@ use http_body::Body;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::body::ResponseBody;
-use crate::conn::Watched;
-use crate::conn_service::ConnService;
-use crate::gate::Gate;
-use crate::h1::RawFields;
-use crate::request_body::RequestBody;
-use crate::target::TargetCache;
+use crate::client::conn::Watched;
+use crate::client::conn_service::ConnService;
+use crate::client::gate::Gate;
+use crate::forward::body::ResponseBody;
+use crate::forward::request_body::RequestBody;
+use crate::forward::target::TargetCache;
+use crate::http1::RawFields;
 
 /// Bytes a read makes room for: a whole head of the kind devices send (a few hundred
 /// bytes) and a few pipelined ones; a longer head grows the buffer by as much again per
@@ -110,7 +110,7 @@ pub(crate) struct Limits {
 /// park (`asks`).
 ///
 /// The loop's state lives only while the connection is in use: an idle one parks
-/// (`park.rs`), and the read buffer, the exchange and the loop's future go with its task.
+/// (`client/park.rs`), and the read buffer, the exchange and the loop's future go with its task.
 /// The buffers a request needs while it is parsed and answered are the thread's
 /// (`spare.rs`), not the connection's.
 pub(crate) async fn serve(
@@ -126,14 +126,14 @@ pub(crate) async fn serve(
     // Bytes of `buf` already known to hold no complete head.
     let mut searched = 0;
     // The watch for the client going away while its request waits is polled only when
-    // the socket woke it (see `gate.rs`).
+    // the socket woke it (see `client/gate.rs`).
     let watch = Gate::new();
     loop {
         let (mut answer, keep_alive, head_request, version) = {
             let parsed = loop {
                 // See `may_settle_head`: a client sending a byte at a time cannot make
                 // the parse quadratic.
-                if crate::h1::may_settle_head(&buf[searched..]) {
+                if crate::http1::may_settle_head(&buf[searched..]) {
                     let mut fields = crate::spare::take().unwrap_or_default();
                     let parsed = parse_request(
                         &mut buf,
@@ -314,10 +314,11 @@ fn parse_request(
     // does not is parsed again with room for the configured most.
     let max_headers = max_headers.max(1);
     let first = max_headers.min(COMMON_HEADERS);
-    let scanned = match crate::h1::with_header_slots(first, |slots| scan(buf, slots, fields, known))
-    {
+    let scanned = match crate::http1::with_header_slots(first, |slots| {
+        scan(buf, slots, fields, known)
+    }) {
         Err(Unserved::TooManyHeaders) if max_headers > first => {
-            crate::h1::with_header_slots(max_headers, |slots| scan(buf, slots, fields, known))
+            crate::http1::with_header_slots(max_headers, |slots| scan(buf, slots, fields, known))
         }
         scanned => scanned,
     };
@@ -359,7 +360,7 @@ fn parse_request(
             return give_back(buf);
         }
     }
-    let keep_alive = crate::h1::persistent(version, &headers);
+    let keep_alive = crate::http1::persistent(version, &headers);
     let mut request = Request::new(RequestBody::Empty);
     *request.method_mut() = method;
     *request.uri_mut() = uri;
@@ -466,7 +467,7 @@ pub enum NativeRequest {
     /// many bytes of the input its head took.
     Served {
         /// The request.
-        message: crate::h1::PlainMessage,
+        message: crate::http1::PlainMessage,
         /// Whether the loop reads another request after answering this one.
         keep_alive: bool,
         /// Bytes of the input the head took; the rest stays buffered.
@@ -481,10 +482,10 @@ pub enum NativeRequest {
 }
 
 /// For the differential tests: parse the start of `input` as the native loop does (it
-/// parses once its buffer holds a control byte, see `h1::may_settle_head`).
+/// parses once its buffer holds a control byte, see `http1::may_settle_head`).
 #[doc(hidden)]
 pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> NativeRequest {
-    if !crate::h1::may_settle_head(input) {
+    if !crate::http1::may_settle_head(input) {
         return NativeRequest::Partial;
     }
     let mut buf = BytesMut::from(input);
@@ -501,13 +502,13 @@ pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> Nativ
                 _ => "<a body the native loop cannot have>".to_string(),
             };
             NativeRequest::Served {
-                message: crate::h1::PlainMessage {
+                message: crate::http1::PlainMessage {
                     start: [
                         request.method().as_str().to_string(),
                         request.uri().to_string(),
                     ],
                     version: request.version(),
-                    headers: crate::h1::PlainMessage::fields_of(request.headers()),
+                    headers: crate::http1::PlainMessage::fields_of(request.headers()),
                     body,
                     trailers: Vec::new(),
                 },
@@ -540,7 +541,7 @@ async fn respond(
     let exact = body.size_hint().exact();
     let raw = body.take_raw_fields();
     let (framing, length) = match &raw {
-        // A pod's fields as it sent them: checked when they were read (`h1.rs`).
+        // A pod's fields as it sent them: checked when they were read (`http1/mod.rs`).
         Some(raw) => framing(parts.status, raw.length, exact, version, head_request),
         None => map_framing(&mut parts, exact, version, head_request),
     };
@@ -674,7 +675,7 @@ enum LengthField {
 
 /// How a body goes on the wire to a client speaking `version`, and what that asks of
 /// the length fields: `declared` is the response's valid `Content-Length` (pods'
-/// answers arrive with theirs checked and merged, `h1.rs`; the proxy's own have none),
+/// answers arrive with theirs checked and merged, `http1/mod.rs`; the proxy's own have none),
 /// `exact` the body's size if it is known.
 fn framing(
     status: StatusCode,
@@ -728,7 +729,9 @@ fn map_framing(
         parts.headers.remove(TRANSFER_ENCODING);
     }
     let declared = match length {
-        true => crate::h1::content_length(&mut parts.headers).ok().flatten(),
+        true => crate::http1::content_length(&mut parts.headers)
+            .ok()
+            .flatten(),
         false => None,
     };
     let (framing, field) = framing(parts.status, declared, exact, version, head_request);
@@ -1123,7 +1126,7 @@ mod tests {
     fn a_pods_fields_pass_raw_in_their_order_and_case_without_its_connection_fields() {
         let pod = b"HTTP/1.1 200 OK\r\nServer: pod\r\nConnection: keep-alive\r\nX-Multi: a\r\n\
                     Keep-Alive: timeout=5\r\nx-multi: b\r\nContent-Length: 2\r\n\r\n";
-        let raw = crate::h1::raw_fields_of(pod).expect("kept raw");
+        let raw = crate::http1::raw_fields_of(pod).expect("kept raw");
         assert_eq!(raw.length, Some(2));
         let mut response = Response::new(ResponseBody::full(Bytes::new()));
         *response.status_mut() = StatusCode::OK;
@@ -1152,7 +1155,7 @@ mod tests {
         // A pod's own date is kept; a length the framing sets is written after the
         // fields; the close is said.
         let pod = b"HTTP/1.0 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n";
-        let raw = crate::h1::raw_fields_of(pod).expect("kept raw");
+        let raw = crate::http1::raw_fields_of(pod).expect("kept raw");
         let (framed, length) = framing(parts.status, raw.length, Some(5), Version::HTTP_10, false);
         assert_eq!((framed, length), (Framing::Length(5), LengthField::Set(5)));
         let mut out = Vec::new();

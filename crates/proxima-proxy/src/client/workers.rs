@@ -14,9 +14,9 @@
 //!   finds itself two connections ahead of another hands the new one over, so a burst
 //!   of connections is still spread evenly (`balance.rs`);
 //! * upstream keep-alive connections are reused by the worker that opened them (the
-//!   pool tags them, see `pool.rs`): handing one to another thread would turn every
+//!   pool tags them, see `upstream/pool.rs`): handing one to another thread would turn every
 //!   request into two cross-thread wake-ups;
-//! * each worker measures its own scheduling lag (`stall.rs`), since a stall of one
+//! * each worker measures its own scheduling lag (`client/stall.rs`), since a stall of one
 //!   worker is not one of the others, and its requests read that meter;
 //! * a worker that has run for a while without sleeping gives the CPU away once
 //!   (`give_way.rs`), so that a sibling queued behind it on the same CPU does not wait
@@ -33,8 +33,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use crate::balance::{Balance, Member};
-use crate::stall::StallMeter;
+use crate::client::balance::{Balance, Member};
+use crate::client::stall::StallMeter;
 use crate::Proxy;
 
 /// Which CPUs the workers run on.
@@ -71,7 +71,7 @@ impl WorkerOptions {
         Self {
             count,
             cpus: WorkerCpus::Shared,
-            yield_after: Some(crate::give_way::DEFAULT_LIMIT),
+            yield_after: Some(crate::client::give_way::DEFAULT_LIMIT),
         }
     }
 }
@@ -111,7 +111,7 @@ where
         .filter(|_| gives_way(workers, cpu_count, !cpus.is_empty()));
     let mut done = Vec::with_capacity(workers);
     let seats = Balance::seats(workers);
-    let heartbeats = crate::give_way::Heartbeats::new(workers);
+    let heartbeats = crate::client::give_way::Heartbeats::new(workers);
     for (n, seat) in (1..=workers).zip(seats) {
         let listener = listener.try_clone()?;
         let proxy = proxy.clone();
@@ -128,7 +128,7 @@ where
                         Err(error) => warn!(worker = n, cpu, %error, "proxy worker not pinned"),
                     }
                 }
-                crate::give_way::enter(giving_way);
+                crate::client::give_way::enter(giving_way);
                 let _ = tx.send(run_worker(n as u32, proxy, listener, seat, stop));
             })?;
         done.push(rx);
@@ -183,19 +183,19 @@ fn run_worker(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .on_thread_park(move || {
-            if crate::give_way::before_wait() {
+            if crate::client::give_way::before_wait() {
                 yields.inc();
             }
         })
-        .on_thread_unpark(crate::give_way::after_wait)
+        .on_thread_unpark(crate::client::give_way::after_wait)
         .build()?;
     runtime.block_on(async move {
         let stall = Arc::new(StallMeter::new());
         StallMeter::spawn(&stall, proxy.router());
-        crate::worker::enter(Some((index, stall)));
+        crate::client::worker::enter(Some((index, stall)));
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let served = crate::server::serve_with(proxy, listener, stop, Some(seat)).await;
-        crate::worker::enter(None);
+        let served = crate::client::server::serve_with(proxy, listener, stop, Some(seat)).await;
+        crate::client::worker::enter(None);
         served
     })
 }

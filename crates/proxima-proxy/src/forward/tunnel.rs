@@ -55,12 +55,12 @@ use proxima_core::{EndpointId, Outcome, PickError, Picked, PortRef, ServiceKey};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn};
 
-use crate::body::ResponseBody;
-use crate::connect::connect_from;
-use crate::headers::{add_forwarded, strip_hop_by_hop};
+use crate::forward::body::ResponseBody;
+use crate::forward::headers::{add_forwarded, strip_hop_by_hop};
+use crate::forward::pump::Pump;
+use crate::forward::request_body::RequestBody;
 use crate::metrics::{ErrorKind, ServiceMetrics, TunnelClose};
-use crate::pump::Pump;
-use crate::request_body::RequestBody;
+use crate::upstream::connect::connect_from;
 use crate::Proxy;
 
 /// The longest body of a pod's answer declining an upgrade that is passed on.
@@ -660,7 +660,7 @@ fn reply_error(
     service: &str,
     detail: &str,
 ) -> Response<ResponseBody> {
-    let mut response = crate::reply::error(status, error, service, detail);
+    let mut response = crate::forward::reply::error(status, error, service, detail);
     response
         .headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::stall::StallMeter;
+use crate::client::stall::StallMeter;
 
 /// What the current thread is, for the pool and the stall meter.
 #[derive(Debug)]

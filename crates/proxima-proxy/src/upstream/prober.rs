@@ -41,8 +41,8 @@ use proxima_core::{Outcome, ProbeShape, ProbeTicket, ServiceKey, ServiceRoute, T
 use tokio::task::JoinSet;
 use tracing::debug;
 
+use crate::forward::request_body::RequestBody;
 use crate::forward::{attempt, Attempt};
-use crate::request_body::RequestBody;
 use crate::Proxy;
 
 /// How often due probes are collected.

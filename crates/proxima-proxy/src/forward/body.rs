@@ -12,13 +12,13 @@
 //! A pod's body may begin with a frame the proxy already read ([`UpstreamBody`]): before
 //! answering, `forward::attempt` waits a moment for the first frame so that a body that
 //! is broken from its first byte becomes a `502` rather than a cut-off answer. The rest
-//! comes through hyper's client or the proxy's own exchange (`h1.rs`); the latter
+//! comes through hyper's client or the proxy's own exchange (`http1/mod.rs`); the latter
 //! holds its socket until the body ends, and hands it back only if it may carry
 //! another request.
 //!
 //! Every response also holds the client connection's [`InFlight`] mark, and its place
-//! under the proxy's concurrency limit (see `server.rs`), until it has been sent or
-//! dropped (see `conn.rs`).
+//! under the proxy's concurrency limit (see `client/server.rs`), until it has been sent or
+//! dropped (see `client/conn.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,11 +30,11 @@ use hyper::body::Incoming;
 use proxima_core::Picked;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::conn::InFlight;
-use crate::h1::{NativeBody, UpstreamError};
+use crate::client::conn::InFlight;
+use crate::http1::{NativeBody, UpstreamError};
 use crate::metrics::{EndpointMetrics, ErrorKind, ServiceMetrics};
-use crate::pool::Lease;
-use crate::upstream_h2::Seat;
+use crate::upstream::h2::Seat;
+use crate::upstream::pool::Lease;
 
 /// What `poll_frame` returns for a pod's response body.
 type ResponseFrame = Poll<Option<Result<Frame<Bytes>, UpstreamError>>>;
@@ -55,7 +55,7 @@ impl Finish {
     /// Count the call's `grpc-status` from a frame of its body, if it is trailers.
     fn saw(&mut self, frame: &Frame<Bytes>) {
         if let (Some(service), Some(trailers)) = (&self.grpc, frame.trailers_ref()) {
-            service.grpc_status(crate::grpc::status(trailers));
+            service.grpc_status(crate::forward::grpc::status(trailers));
             self.grpc = None;
         }
     }
@@ -214,8 +214,8 @@ impl ResponseBody {
     }
 
     /// The response head's fields, if they came raw from the proxy's own exchange with
-    /// the pod (`h1::RawFields`): taken, so that nothing else writes them.
-    pub(crate) fn take_raw_fields(&mut self) -> Option<Box<crate::h1::RawFields>> {
+    /// the pod (`http1::RawFields`): taken, so that nothing else writes them.
+    pub(crate) fn take_raw_fields(&mut self) -> Option<Box<crate::http1::RawFields>> {
         match &mut self.kind {
             Kind::Upstream(up) => match &mut up.body.rest {
                 Rest::Native(native) => native.raw.take(),

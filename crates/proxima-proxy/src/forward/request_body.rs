@@ -6,7 +6,7 @@
 //! A body sent to an HTTP/2 pod may be recorded ([`RequestBody::recorded`]): its frames
 //! are kept as they pass, up to [`REPLAY_LIMIT`] bytes, so that a request the pod
 //! refused unprocessed (`REFUSED_STREAM`, GOAWAY) can go to another pod with its body
-//! (`upstream_h2.rs`). gRPC calls are such requests: each carries a body. The limit is
+//! (`upstream/h2.rs`). gRPC calls are such requests: each carries a body. The limit is
 //! Envoy's idea (`per_request_buffer_limit_bytes`): a larger body is passed on without
 //! being kept, and its request is not sent again.
 

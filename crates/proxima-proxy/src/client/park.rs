@@ -4,12 +4,12 @@
 //! and then (issue 29: at 20,000 devices, 11.6 KB each was 230 MB for connections doing
 //! nothing; HAProxy holds ~200 B). A connection in use needs a task with its state,
 //! the exchange and perhaps hyper's (kilobytes, on the heap). One that has idled for
-//! [`PARK_AFTER`](crate::conn::PARK_AFTER) on the proxy's own HTTP/1.1 loop, with nothing
+//! [`PARK_AFTER`](crate::client::conn::PARK_AFTER) on the proxy's own HTTP/1.1 loop, with nothing
 //! of a next request read, ends its task instead and leaves only a [`Parked`] record in
 //! its worker's [`Lot`]: the socket, the client's address, its place in the connection
 //! budget, and when it idles out. The lot waits on every parked socket at once
 //! (`FuturesUnordered`: one small node each, woken on its own), and the first byte or the
-//! client's close gives the connection a new task (`server.rs`), with a fresh state, as
+//! client's close gives the connection a new task (`client/server.rs`), with a fresh state, as
 //! if it had just been accepted.
 //!
 //! What stays per parked connection, measured with heaptrack at 4,000 parked
@@ -33,7 +33,7 @@ use prometheus::IntGauge;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::balance::Served;
+use crate::client::balance::Served;
 
 /// An open client connection: its socket, the client's address and what it holds.
 pub(crate) struct Client {

@@ -28,7 +28,7 @@
 //! | HTTP/1.1: the next request's head begun, not complete | `client_header_timeout` from its first byte (or the idle limit, if sooner) | close |
 //! | a response body streaming, or a write the client does not take (its socket full) | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
-//! | HTTP/1.1 on the proxy's own loop, nothing in flight, nothing of a next head | `park` ([`PARK_AFTER`]) from the last response | park: the connection gives up its task until the socket is readable (`server.rs`) |
+//! | HTTP/1.1 on the proxy's own loop, nothing in flight, nothing of a next head | `park` ([`PARK_AFTER`]) from the last response | park: the connection gives up its task until the socket is readable (`client/server.rs`) |
 //!
 //! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
 //! other errors. hyper answers a request head it cannot take (longer than its read
@@ -61,7 +61,7 @@ pub(crate) struct ConnTimeouts {
     pub(crate) park: Option<Duration>,
 }
 
-/// How long an HTTP/1.1 connection idles on its task before it parks (`park.rs`).
+/// How long an HTTP/1.1 connection idles on its task before it parks (`client/park.rs`).
 /// Waking costs about what a request does (a task and its state made again), so a
 /// connection in steady use, whose next request comes sooner, does not park; a device
 /// that sends a reading now and then spends nearly all its time parked. Short, because
@@ -339,7 +339,7 @@ pub(crate) struct Watched<S> {
     /// The proxy's answer still to be written in place of hyper's.
     pending: Vec<u8>,
     /// Bytes already read (and noted) by the native loop, read again first by hyper
-    /// when it takes the connection over (`serve_h1.rs`).
+    /// when it takes the connection over (`http1/serve.rs`).
     replay: bytes::Bytes,
 }
 
@@ -494,9 +494,9 @@ impl<S> Watched<S> {
 
 impl Watched<tokio::net::TcpStream> {
     /// Read what the socket has into `buf` (for the proxy's own HTTP/1.1 server,
-    /// `serve_h1.rs`), as `h1::poll_fill` does for pods; `Ok(0)` is the end of the
+    /// `http1/serve.rs`), as `http1::poll_fill` does for pods; `Ok(0)` is the end of the
     /// stream. A read that empties the receive queue also forgets the socket's
-    /// readiness without a system call (`h1::forget_readable`), so that watching the
+    /// readiness without a system call (`http1::forget_readable`), so that watching the
     /// socket for a close while a request is forwarded costs nothing.
     ///
     /// A `buf` without room gets it only once the socket is readable: a connection that
@@ -512,7 +512,7 @@ impl Watched<tokio::net::TcpStream> {
         }
         let before = buf.len();
         let mut drained = false;
-        let n = ready!(crate::h1::poll_fill(
+        let n = ready!(crate::http1::poll_fill(
             &self.inner,
             buf,
             room,
@@ -522,7 +522,7 @@ impl Watched<tokio::net::TcpStream> {
         if n > 0 {
             self.note_read(&buf[before..]);
             if drained {
-                crate::h1::forget_readable(&self.inner);
+                crate::http1::forget_readable(&self.inner);
             }
         }
         Poll::Ready(Ok(n))

@@ -1,5 +1,5 @@
 //! What serves the requests of one client connection, whichever server reads them
-//! (the proxy's own HTTP/1.1 loop, `serve_h1.rs`, or hyper's, `server.rs`): admission
+//! (the proxy's own HTTP/1.1 loop, `http1/serve.rs`, or hyper's, `client/server.rs`): admission
 //! under the concurrency limit, the proxy's own request limits, the target service's
 //! name, then [`Proxy::forward`](crate::Proxy).
 //!
@@ -16,11 +16,11 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument, Span};
 
-use crate::conn::{ConnActivity, InFlight};
+use crate::client::conn::{ConnActivity, InFlight};
+use crate::forward::reply;
+use crate::forward::request_body::RequestBody;
+use crate::forward::target::{TargetCache, TargetError, TargetSource};
 use crate::forward::{BadTarget, Target};
-use crate::reply;
-use crate::request_body::RequestBody;
-use crate::target::{TargetCache, TargetError, TargetSource};
 use crate::{Proxy, ProxyConfig};
 
 /// Most bytes of an invalid service name echoed back in the error body.
@@ -298,7 +298,7 @@ fn shed(proxy: &Proxy) -> http::Response<crate::ResponseBody> {
 }
 
 /// What serves the requests of one client connection, whichever server reads them
-/// (the native loop of `serve_h1.rs` or hyper's): resolve the target, then forward.
+/// (the native loop of `http1/serve.rs` or hyper's): resolve the target, then forward.
 pub(crate) struct ConnService {
     proxy: Arc<Proxy>,
     /// Formatted once per connection and shared by its requests.
@@ -328,7 +328,7 @@ impl ConnService {
 
     /// `400` for a head no HTTP/1.1 parser can take (a bare CR, a control byte in a
     /// field, a broken request line), answered with the same JSON as hyper's `400`
-    /// (`conn.rs`); the connection closes after it.
+    /// (`client/conn.rs`); the connection closes after it.
     pub(crate) fn malformed(&self) -> http::Response<crate::ResponseBody> {
         // Counted as a request with its own answer, so that the connection does not take
         // this head for one of hyper's bare error heads and replace it.

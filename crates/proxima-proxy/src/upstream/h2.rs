@@ -41,8 +41,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
-use crate::connect::ConnectError;
-use crate::request_body::RequestBody;
+use crate::forward::request_body::RequestBody;
+use crate::upstream::connect::ConnectError;
 
 /// The longest a ping may go unanswered before its connection is closed (at most the
 /// ping interval).

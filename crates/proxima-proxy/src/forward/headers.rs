@@ -36,7 +36,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// [`is_hop_by_hop`] for a name as it came off the wire, in any case (for heads kept
-/// raw, `h1.rs`): by length first, since it runs for every field of a response.
+/// raw, `http1/mod.rs`): by length first, since it runs for every field of a response.
 pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
     let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str());
     match name.len() {
