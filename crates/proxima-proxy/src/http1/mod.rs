@@ -793,6 +793,15 @@ pub(crate) fn map_raw_fields(response: &mut Response<crate::ResponseBody>) {
     }
 }
 
+/// Whether a response with `status` never has a body, whatever its fields say (RFC 9112
+/// §6.3 rule 1: every `1xx`, `204` and `304`); the one rule both directions use (the
+/// decoder of pods' answers here, the encoder of answers to clients in `serve.rs`).
+pub(crate) fn bodiless(status: StatusCode) -> bool {
+    status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+}
+
 /// How the body's end is found (RFC 9112 §6.3), and whether it is found without the
 /// connection closing.
 fn framing(
@@ -801,11 +810,7 @@ fn framing(
     fields: &FramingFields,
     head_request: bool,
 ) -> Result<(Framing, bool), H1Error> {
-    let status = parts.status;
-    let bodiless = head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
+    let bodiless = head_request || bodiless(parts.status);
     if !bodiless && fields.transfer_encoding {
         let chunked = transfer_codings(headers)?;
         // Chunked framing is HTTP/1.1's; in an HTTP/1.0 message it is faulty and only

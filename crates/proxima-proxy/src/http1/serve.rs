@@ -519,9 +519,10 @@ pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> Nativ
     }
 }
 
-/// How the response body is delimited on the wire.
+/// How a response body is delimited on the wire to the client (the decoder's
+/// counterpart is `http1::Framing`, which also carries where a decode has got to).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Framing {
+enum Encoding {
     None,
     Length(u64),
     Chunked,
@@ -545,7 +546,7 @@ async fn respond(
         Some(raw) => framing(parts.status, raw.length, exact, version, head_request),
         None => map_framing(&mut parts, exact, version, head_request),
     };
-    let close = close || framing == Framing::UntilClose;
+    let close = close || framing == Encoding::UntilClose;
     let fields = match &raw {
         Some(raw) => Fields::Raw(raw),
         None => Fields::Map(&parts.headers),
@@ -553,7 +554,7 @@ async fn respond(
     encode_head(head, &parts, fields, length, version, close);
     crate::spare::give_back(std::mem::take(&mut parts.headers));
     let mut body = Pin::new(&mut body);
-    if framing == Framing::None {
+    if framing == Encoding::None {
         write_all(io, &mut [IoSlice::new(head)]).await?;
         return Ok(!close);
     }
@@ -577,13 +578,13 @@ async fn respond(
         let head_part: &[u8] = if head_sent { &[] } else { head };
         match frame {
             None => {
-                let ending: &[u8] = if framing == Framing::Chunked {
+                let ending: &[u8] = if framing == Encoding::Chunked {
                     b"0\r\n\r\n"
                 } else {
                     b""
                 };
                 write_all(io, &mut [IoSlice::new(head_part), IoSlice::new(ending)]).await?;
-                let short = matches!(framing, Framing::Length(n) if n != sent);
+                let short = matches!(framing, Encoding::Length(n) if n != sent);
                 return Ok(!close && !short);
             }
             Some(Err(_)) => {
@@ -601,7 +602,7 @@ async fn respond(
                     continue;
                 }
                 let len = data.len() as u64;
-                if let Framing::Length(n) = framing {
+                if let Encoding::Length(n) = framing {
                     if sent + len > n {
                         // More than the length said: what fits goes, then the close.
                         let fits = usize::try_from(n - sent).unwrap_or(0);
@@ -616,7 +617,7 @@ async fn respond(
                 if !head_sent && data.len() <= COALESCED_BODY_LIMIT {
                     // One `send` of head and body: cheaper in the kernel than a `writev`
                     // of the two, and for small bodies than the copy it takes.
-                    if framing == Framing::Chunked {
+                    if framing == Encoding::Chunked {
                         write!(head, "{len:x}\r\n")?;
                         head.extend_from_slice(&data);
                         head.extend_from_slice(b"\r\n");
@@ -624,7 +625,7 @@ async fn respond(
                         head.extend_from_slice(&data);
                     }
                     write_all(io, &mut [IoSlice::new(head)]).await?;
-                } else if framing == Framing::Chunked {
+                } else if framing == Encoding::Chunked {
                     let mut size = [0; CHUNK_SIZE_LINE];
                     let size = chunk_size_line(len, &mut size);
                     write_all(
@@ -683,30 +684,28 @@ fn framing(
     exact: Option<u64>,
     version: Version,
     head_request: bool,
-) -> (Framing, LengthField) {
-    let no_body_status = status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
+) -> (Encoding, LengthField) {
+    let no_body_status = crate::http1::bodiless(status);
     if declared.is_none() && !no_body_status {
         // The length the body has, if it is known (a HEAD answer says what a GET's would).
         if let Some(exact) = exact {
             if !(head_request && exact == 0) {
                 let framing = if head_request {
-                    Framing::None
+                    Encoding::None
                 } else {
-                    Framing::Length(exact)
+                    Encoding::Length(exact)
                 };
                 return (framing, LengthField::Set(exact));
             }
         }
     }
     if head_request || no_body_status {
-        return (Framing::None, LengthField::Keep);
+        return (Encoding::None, LengthField::Keep);
     }
     match declared {
-        Some(n) => (Framing::Length(n), LengthField::Keep),
-        None if version == Version::HTTP_11 => (Framing::Chunked, LengthField::Chunked),
-        None => (Framing::UntilClose, LengthField::Drop),
+        Some(n) => (Encoding::Length(n), LengthField::Keep),
+        None if version == Version::HTTP_11 => (Encoding::Chunked, LengthField::Chunked),
+        None => (Encoding::UntilClose, LengthField::Drop),
     }
 }
 
@@ -718,7 +717,7 @@ fn map_framing(
     exact: Option<u64>,
     version: Version,
     head_request: bool,
-) -> (Framing, LengthField) {
+) -> (Encoding, LengthField) {
     // One scan of the (few) names says which of the lookups below are needed.
     let (mut coded, mut length) = (false, false);
     for name in parts.headers.keys() {
@@ -1001,7 +1000,7 @@ mod tests {
         body: &[u8],
         version: Version,
         head_request: bool,
-    ) -> (Framing, HeaderMap) {
+    ) -> (Encoding, HeaderMap) {
         let mut response = Response::new(ResponseBody::full(Bytes::copy_from_slice(body)));
         *response.status_mut() = StatusCode::from_u16(status).unwrap();
         for (name, value) in headers {
@@ -1054,32 +1053,32 @@ mod tests {
         let (f, h) = framed(200, &[], b"hello", v11, false);
         assert_eq!(
             (f, h["content-length"].as_bytes()),
-            (Framing::Length(5), &b"5"[..])
+            (Encoding::Length(5), &b"5"[..])
         );
         let (f, h) = framed(200, &[("content-length", "5")], b"hello", v11, true);
         assert_eq!(
             (f, h["content-length"].as_bytes()),
-            (Framing::None, &b"5"[..])
+            (Encoding::None, &b"5"[..])
         );
         let (f, h) = framed(200, &[], b"hello", v11, true);
         assert_eq!(
             (f, h["content-length"].as_bytes()),
-            (Framing::None, &b"5"[..])
+            (Encoding::None, &b"5"[..])
         );
         let (f, h) = framed(204, &[], b"", v11, false);
-        assert_eq!(f, Framing::None);
+        assert_eq!(f, Encoding::None);
         assert!(!h.contains_key("content-length"));
         let (f, h) = framed(304, &[("content-length", "9")], b"", v11, false);
         assert_eq!(
             (f, h["content-length"].as_bytes()),
-            (Framing::None, &b"9"[..])
+            (Encoding::None, &b"9"[..])
         );
         let (f, _) = framed(200, &[("content-length", "5")], b"hello", v11, false);
-        assert_eq!(f, Framing::Length(5));
+        assert_eq!(f, Encoding::Length(5));
         let (f, h) = framed(200, &[("transfer-encoding", "chunked")], b"hi", v11, false);
         assert_eq!(
             (f, h["content-length"].as_bytes()),
-            (Framing::Length(2), &b"2"[..])
+            (Encoding::Length(2), &b"2"[..])
         );
         assert!(!h.contains_key("transfer-encoding"));
     }
@@ -1133,7 +1132,7 @@ mod tests {
         let (parts, _) = response.into_parts();
         let mut out = Vec::new();
         let (framed, length) = framing(parts.status, raw.length, None, Version::HTTP_11, false);
-        assert_eq!((framed, length), (Framing::Length(2), LengthField::Keep));
+        assert_eq!((framed, length), (Encoding::Length(2), LengthField::Keep));
         encode_head(
             &mut out,
             &parts,
@@ -1157,7 +1156,7 @@ mod tests {
         let pod = b"HTTP/1.0 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n";
         let raw = crate::http1::raw_fields_of(pod).expect("kept raw");
         let (framed, length) = framing(parts.status, raw.length, Some(5), Version::HTTP_10, false);
-        assert_eq!((framed, length), (Framing::Length(5), LengthField::Set(5)));
+        assert_eq!((framed, length), (Encoding::Length(5), LengthField::Set(5)));
         let mut out = Vec::new();
         encode_head(
             &mut out,
