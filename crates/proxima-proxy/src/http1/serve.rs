@@ -827,6 +827,12 @@ thread_local! {
 }
 
 /// Call `then` with the current date as an HTTP date (RFC 9110 §5.6.7).
+///
+/// Formatted by `httpdate` once a second per thread and kept: no crate offers the cache
+/// (hyper keeps one, private to its own server). Measured on this machine (load 0.1, a
+/// loop of 5 million answers, release build, 2026-11-28): 43–46 ns per answer with the
+/// cache, most of it the clock read, against 131–142 ns formatting each time; the
+/// ~90 ns saved is about 0.8% of a proxied request's CPU (11.8 µs, `benches/README.md`).
 fn with_date(then: impl FnOnce(&[u8])) {
     let now = SystemTime::now();
     let second = now
