@@ -280,6 +280,9 @@ pub struct EndpointState {
     measured: AtomicBool,
     /// Added to a service already measured: out of the pool until first measured.
     held_until_probed: AtomicBool,
+    /// A neighbour reported it failing after this proxy's last answer from it: out of
+    /// the pool until an answer of its own meets the SLO (see `neighbours.rs`).
+    suspect: AtomicBool,
 }
 
 /// What the caller knows about an outcome beyond the outcome itself.
@@ -350,6 +353,7 @@ impl EndpointState {
             failure_ejected: AtomicBool::new(false),
             measured: AtomicBool::new(false),
             held_until_probed: AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
         }
     }
 
@@ -658,6 +662,13 @@ impl EndpointState {
             stats.probe_in_flight = false;
         }
         self.measured.store(true, Ordering::Relaxed);
+        if good {
+            if self.suspect.swap(false, Ordering::Relaxed) {
+                stats.next_probe = None;
+            }
+        } else if self.suspected() {
+            stats.next_probe = Some(now + stats.probe_interval);
+        }
         self.advance(stats, now, settings, Some(good), obs)
     }
 
@@ -882,6 +893,8 @@ impl EndpointState {
         stats.probe_interval = first;
         stats.next_probe = Some(now + first);
         stats.kept_during_stall = false;
+        // Its own verdict now: the probes of an evicted pod decide its return.
+        self.suspect.store(false, Ordering::Relaxed);
         if cause == EvictionCause::Latency {
             stats.ejection_capped = false;
         }
@@ -952,6 +965,7 @@ impl EndpointState {
         let mut stats = self.lock();
         let due = match (stats.admission, stats.next_probe) {
             (Admission::Evicted { .. }, Some(at)) => at <= now,
+            (_, next) if self.suspected() => next.is_none_or(|at| at <= now),
             (Admission::Warming, _) => first_probe && !self.measured(),
             _ => false,
         };
@@ -961,6 +975,42 @@ impl EndpointState {
         } else {
             false
         }
+    }
+
+    /// Whether a neighbour's failure report keeps it out of the pool until an answer of
+    /// this proxy's own meets the SLO (see `neighbours.rs`).
+    pub fn suspected(&self) -> bool {
+        self.suspect.load(Ordering::Relaxed)
+    }
+
+    /// A neighbour saw it fail at `at` (a failure verdict, see `neighbours.rs`): suspect
+    /// it and probe it at once, unless it is out of the pool already or this proxy has
+    /// had an answer from it since `at` (its own evidence is newer). Returns whether it
+    /// became suspect.
+    pub(crate) fn suspect(&self, at: Instant, now: Instant) -> bool {
+        let mut stats = self.lock();
+        let answered_since = stats.last_answer.is_some_and(|answer| answer >= at);
+        if !stats.admission.in_pool() || answered_since || self.suspected() {
+            return false;
+        }
+        self.suspect.store(true, Ordering::Relaxed);
+        stats.next_probe = Some(now);
+        true
+    }
+
+    /// A neighbour saw it come back at `at`: if this proxy evicted it before that, its
+    /// next probe is due now rather than after its backoff (the probe still decides).
+    /// Returns whether the probe was brought forward.
+    pub(crate) fn probe_soon(&self, at: Instant, now: Instant) -> bool {
+        let mut stats = self.lock();
+        let evicted_before =
+            matches!(stats.admission, Admission::Evicted { since, .. } if since < at);
+        let later = stats.next_probe.is_some_and(|next| next > now);
+        if evicted_before && later && !stats.probe_in_flight {
+            stats.next_probe = Some(now);
+            return true;
+        }
+        false
     }
 
     /// Whether a latency eviction is being withheld for a stall of the proxy.

@@ -6,8 +6,12 @@
 //! [`Environment`] snapshot. Every reading carries the time it was taken; readings older
 //! than [`Environment::max_age`] are treated as missing, and every strategy documents
 //! what it does without them.
+//!
+//! What neighbouring proxies report about pods (processing times, failure verdicts) is
+//! published alongside, as [`Environment::hearsay`].
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -48,6 +52,9 @@ pub struct Environment {
     pub usage: HashMap<String, UsageReading>,
     /// Readings older than this are ignored.
     pub max_age: Duration,
+    /// What neighbouring proxies reported about pods (see [`crate::neighbours`]); shared
+    /// between snapshots until it changes.
+    pub hearsay: Arc<crate::neighbours::Hearsay>,
 }
 
 impl Default for Environment {
@@ -56,6 +63,7 @@ impl Default for Environment {
             latency: HashMap::new(),
             usage: HashMap::new(),
             max_age: Duration::from_secs(30),
+            hearsay: Arc::default(),
         }
     }
 }

@@ -123,6 +123,58 @@ pub struct EndpointExplain {
     pub next_probe_ms: Option<f64>,
     /// Time left before it may be picked again after connection failures, ms (`null`: none).
     pub cooldown_ms: Option<f64>,
+    /// Out of the pool on a neighbour's failure report until a probe of this proxy's
+    /// own answers within the SLO (see [`crate::neighbours`]).
+    pub suspected: bool,
+    /// What neighbouring proxies reported about it (`null`: nothing fresh).
+    pub heard: Option<HeardExplain>,
+}
+
+/// What neighbouring proxies reported about an endpoint, and whose report it is.
+#[derive(Debug, Serialize)]
+pub struct HeardExplain {
+    /// Its processing time (response time at the SLO percentile less the RTT to its
+    /// node) as a neighbour measured it, ms, when fresh.
+    pub processing_ms: Option<f64>,
+    /// Samples that estimate rests on.
+    pub processing_samples: Option<u32>,
+    /// Age of that estimate's newest sample, ms.
+    pub processing_age_ms: Option<f64>,
+    /// Node of the proxy that measured it.
+    pub processing_from: Option<String>,
+    /// The newest verdict heard: `out` with its cause, or `back`.
+    pub verdict: Option<crate::neighbours::VerdictKind>,
+    /// How long ago that verdict was reached, ms.
+    pub verdict_age_ms: Option<f64>,
+    /// Node of the proxy that reached it.
+    pub verdict_from: Option<String>,
+    /// Proxies it passed through before it reached this one.
+    pub verdict_hops: Option<u8>,
+}
+
+fn heard_explain(
+    route: &ServiceRoute,
+    index: usize,
+    env: &crate::environment::Environment,
+    now: Instant,
+) -> Option<HeardExplain> {
+    let heard = env
+        .hearsay
+        .get(route.key(), &route.endpoints[index].endpoint.id)?;
+    let processing = route.heard_processing(index, env, now);
+    let verdict = heard.verdict.as_ref();
+    let age = |at: Instant| ms(now.saturating_duration_since(at));
+    Some(HeardExplain {
+        processing_ms: processing.map(|p| ms(p.time)),
+        processing_samples: processing.map(|p| p.samples),
+        processing_age_ms: processing.map(|p| age(p.at)),
+        processing_from: processing.map(|p| p.origin.clone()),
+        verdict: verdict.map(|v| v.kind),
+        verdict_age_ms: verdict.map(|v| age(v.at)),
+        verdict_from: verdict.map(|v| v.origin.clone()),
+        verdict_hops: verdict.map(|v| v.hops),
+    })
+    .filter(|h| h.processing_ms.is_some() || h.verdict.is_some())
 }
 
 /// One port of an endpoint (see [`crate::port_protocol`]).
@@ -218,7 +270,19 @@ fn explain_route(
     let s = route.settings();
     let pool = route.pool();
     let processing = route.processing_estimate(env, local_node, now);
-    let too_far = |i: usize| route.too_far(i, env, local_node, now, processing);
+    let too_far = |i: usize| {
+        let processing = route.processing_of(i, processing, env, now);
+        route.too_far(i, env, local_node, now, processing)
+    };
+    let processing_from = |i: usize| match route.heard_processing(i, env, now) {
+        Some(heard) => format!(
+            "its processing time as the proxy on {} measured it ({}ms over {} samples)",
+            heard.origin,
+            ms(heard.time),
+            heard.samples
+        ),
+        None => "the service's processing time".to_string(),
+    };
     let endpoints = route
         .endpoints
         .iter()
@@ -264,7 +328,8 @@ fn explain_route(
                 let mut base = match admission {
                     Admission::Warming if too_far(i).is_some() => {
                         format!(
-                            "initial estimate: its node's RTT from here plus the service's processing time ({}ms) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
+                            "initial estimate: its node's RTT from here plus {} ({}ms in all) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
+                            processing_from(i),
                             too_far(i).map_or(0.0, ms),
                             ms(s.latency_slo)
                         )
@@ -324,6 +389,22 @@ fn explain_route(
                         s.qos_pool.readmit_after
                     ),
                 };
+                if admission.in_pool() && ep.state.suspected() {
+                    let heard = env
+                        .hearsay
+                        .get(route.key(), &ep.endpoint.id)
+                        .and_then(|h| h.verdict.as_ref());
+                    let (from, ago) = heard.map_or(("a neighbour".to_string(), 0.0), |v| {
+                        (
+                            format!("the proxy on {}", v.origin),
+                            ms(now.saturating_duration_since(v.at)),
+                        )
+                    });
+                    base = format!(
+                        "suspect: {from} saw it fail {ago}ms ago, after this proxy's last answer from it; out of the pool until a probe of this proxy's own answers within the {}ms SLO ({base})",
+                        ms(s.latency_slo)
+                    );
+                }
                 if admission.in_pool() && detail.ejection_capped {
                     base = format!(
                         "{base}; {} but not ejected: {} of {} pods are already out for failures (qos-pool-max-ejection-percent {})",
@@ -384,6 +465,8 @@ fn explain_route(
                     .filter(|_| !admission.in_pool())
                     .map(|at| ms(at.saturating_duration_since(now))),
                 cooldown_ms: cooldown.map(ms),
+                suspected: ep.state.suspected(),
+                heard: heard_explain(route, i, env, now),
             }
         })
         .collect();

@@ -14,6 +14,8 @@
 //!   what strategies read.
 //! * [`strategy`]: the `Strategy` trait, the QoS pool and the baselines.
 //! * [`router`]: the lock-free routing table (each service's route and strategy).
+//! * [`gossip`]: the router's side of it: hearing reports, the digest it sends.
+//! * [`neighbours`]: what neighbouring proxies report about pods, and how it is weighed.
 //! * [`retry_budget`]: the per-service budget that bounds retries.
 
 #![warn(missing_docs)]
@@ -22,7 +24,9 @@ pub mod endpoint;
 pub mod environment;
 pub mod estimator;
 pub mod explain;
+pub mod gossip;
 pub mod model;
+pub mod neighbours;
 pub mod pool_list;
 pub mod retry_budget;
 pub mod route;
@@ -35,6 +39,7 @@ pub use endpoint::{
 };
 pub use environment::{Environment, Usage};
 pub use estimator::{LatencyEstimator, Prediction};
+pub use gossip::{Digest, HearReport};
 pub use model::{
     is_dns_label, port_protocol, Conditions, Endpoint, EndpointId, EndpointPort, Hints, Node,
     PortProtocol, ProtocolSource, ServiceKey, ServicePort, ServiceSpec, TrafficPolicy, Update,

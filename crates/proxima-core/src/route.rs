@@ -403,9 +403,42 @@ impl Route {
         Some(Duration::from_micros(*median))
     }
 
+    /// The processing time to predict the endpoint at `index` with when this proxy has
+    /// no fresh measurements of it: the one a neighbouring proxy measured for this very
+    /// pod, when fresh (see [`crate::neighbours`]), else `service_wide` (this proxy's
+    /// [`Self::processing_estimate`]).
+    pub fn processing_of(
+        &self,
+        index: usize,
+        service_wide: Option<Duration>,
+        env: &Environment,
+        now: Instant,
+    ) -> Option<Duration> {
+        self.heard_processing(index, env, now)
+            .map(|heard| heard.time)
+            .or(service_wide)
+    }
+
+    /// The fresh processing estimate a neighbour reported for the endpoint at `index`.
+    pub fn heard_processing<'e>(
+        &self,
+        index: usize,
+        env: &'e Environment,
+        now: Instant,
+    ) -> Option<&'e crate::neighbours::HeardProcessing> {
+        let pod = &self.endpoints[index].endpoint.id;
+        env.hearsay.processing(
+            &self.spec.key,
+            pod,
+            now,
+            self.spec.settings.qos_pool.max_age,
+        )
+    }
+
     /// What this proxy expects of the endpoint at `index` (see [`Expected`]): its own
     /// measurements when it has fresh ones; otherwise its node's round-trip time plus
-    /// `processing` (the service's, [`Self::processing_estimate`]), within the SLO or not.
+    /// its processing time ([`Self::processing_of`]: a neighbour's measurement of it, or
+    /// the service's `processing`, [`Self::processing_estimate`]), within the SLO or not.
     /// An endpoint whose node's RTT is unknown is expected to take the SLO (never the
     /// best unknown).
     pub fn expected(
@@ -426,6 +459,7 @@ impl Route {
             };
         }
         let slo = self.spec.settings.latency_slo;
+        let processing = self.processing_of(index, processing, env, now);
         let time = match self.rtt(index, env, local_node, now) {
             Some(rtt) => rtt + processing.unwrap_or_default(),
             None => slo,

@@ -75,8 +75,9 @@ impl ServiceRoute {
     }
 
     /// Rebuild the pool list: eligible endpoints admitted by their measurements, except
-    /// warming ones whose node is already too far away (see [`Route::too_far`]) and new
-    /// ones waiting for their first probe (see [`Route::pool`]). Members that just
+    /// warming ones whose node is already too far away (see [`Route::too_far`]), new
+    /// ones waiting for their first probe (see [`Route::pool`]) and ones a neighbour's
+    /// report made suspect (see [`crate::neighbours`]). Members that just
     /// joined get their spreading counter level with the others'. Callers hold the
     /// router's writer lock.
     fn refresh_pool(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
@@ -86,7 +87,10 @@ impl ServiceRoute {
             .iter()
             .copied()
             .filter(|&i| {
-                self.endpoints[i].state.in_pool()
+                let state = &self.endpoints[i].state;
+                let processing = self.processing_of(i, processing, env, now);
+                state.in_pool()
+                    && !state.suspected()
                     && self.too_far(i, env, local_node, now, processing).is_none()
             })
             .collect();
@@ -472,10 +476,15 @@ impl Router {
     /// Change the environment (node latencies, usage) and publish it. Writers are the
     /// periodic measurement loops; readers never wait for them.
     pub fn update_environment(&self, change: impl FnOnce(&mut Environment)) {
+        self.update_environment_in(|env, _| change(env));
+    }
+
+    /// [`Self::update_environment`], `change` also reading the table it applies to.
+    pub(crate) fn update_environment_in(&self, change: impl FnOnce(&mut Environment, &Table)) {
         let _writer = self.desired();
         let current = self.table.load();
         let mut env = Environment::clone(&current.environment);
-        change(&mut env);
+        change(&mut env, &current);
         // New latencies can move warming endpoints in or out of their pools (the
         // initial estimate, see `Route::too_far`).
         if let Some(now) = env.newest() {
@@ -916,10 +925,12 @@ impl Router {
             keep_in_pool: &keep_in_pool,
         };
         let was_measured = state.measured();
+        let was_suspect = state.suspected();
         let change = run(state, obs);
         // A connection failure may have started a cooldown (see `Route::none_cooling`).
         route.note_cooldown(state, now);
-        if change.is_some() || was_measured != state.measured() {
+        if change.is_some() || was_measured != state.measured() || was_suspect != state.suspected()
+        {
             self.refresh_pool(route.key(), now);
         }
         change
@@ -990,7 +1001,7 @@ impl Router {
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
                 let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
-                if ep.state.in_pool() && !first_probe {
+                if ep.state.in_pool() && !first_probe && !ep.state.suspected() {
                     continue;
                 }
                 if first_probe && firsts == first_probes {
@@ -1076,6 +1087,7 @@ impl Router {
     ) -> Option<PoolChange> {
         ticket.done = true;
         let was_measured = ticket.state.measured();
+        let was_suspect = ticket.state.suspected();
         let change =
             ticket
                 .state
@@ -1083,7 +1095,10 @@ impl Router {
         if let Some(route) = self.table.load().services.get(&ticket.service) {
             route.note_cooldown(&ticket.state, now);
         }
-        if change.is_some() || was_measured != ticket.state.measured() {
+        if change.is_some()
+            || was_measured != ticket.state.measured()
+            || was_suspect != ticket.state.suspected()
+        {
             self.refresh_pool(&ticket.service, now);
         }
         change
