@@ -367,6 +367,13 @@ impl ServiceSettings {
                     )),
                 };
             }
+            // The QoS pool's own strategy parameter, read by `QosPool::build`.
+            "qos-pool-spread" => {
+                if !matches!(value, "even" | "slack") {
+                    return Err(SettingError::new(key, value, "\"even\" or \"slack\""));
+                }
+                self.params.insert(key.to_string(), value.to_string());
+            }
             other => {
                 // `<strategy>-<param>` keys belong to strategies; anything else (a typo
                 // such as `latency-sloo`) is reported rather than silently ignored.

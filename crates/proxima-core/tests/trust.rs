@@ -701,7 +701,7 @@ fn the_empty_pool_fallback_predicts_unmeasured_pods_from_rtt_plus_processing() {
     assert!(pool(&r).is_empty());
     let e = explain(&r, t0 + ms(100), "pod-1");
     assert!(
-        e.reason.contains("(75ms) exceeds the 40ms SLO"),
+        e.reason.contains("(75ms in all) exceeds the 40ms SLO"),
         "{}",
         e.reason
     );
@@ -757,6 +757,117 @@ fn the_spread_is_even_whatever_the_rtt() {
     let counts = spread_under_concurrency(&r, t0, &latency, ms(5), 6000);
     assert_eq!(counts.len(), 3);
     assert!(max_over_min(&counts) <= 1.2, "{counts:?}");
+}
+
+#[test]
+fn the_slack_spread_gives_pods_with_more_room_more_and_starves_none() {
+    // Under an 80 ms SLO at 200 requests/s: 78 ms of slack, 15 ms and 4 ms.
+    let t0 = Instant::now();
+    let r = router(
+        3,
+        &[("latency-slo", "80ms"), ("qos-pool-spread", "slack")],
+        t0,
+    );
+    let latency = |id: &str| match id {
+        "pod-0" => ms(2),
+        "pod-1" => ms(65),
+        _ => ms(76),
+    };
+    let counts = spread_under_concurrency(&r, t0, &latency, ms(5), 12_000);
+    eprintln!("{counts:?}");
+    let total: u32 = counts.values().sum();
+    let share = |id: &str| f64::from(counts[id]) / f64::from(total);
+    assert!(
+        share("pod-0") > share("pod-1") && share("pod-1") > share("pod-2"),
+        "{counts:?}"
+    );
+    // One decision in eight is even: each pod keeps a floor of its even share.
+    assert!(share("pod-2") >= 0.03, "starved: {counts:?}");
+}
+
+/// A request every `gap` for `requests` requests. pod-0 is near but works on one request
+/// at a time, `service` each (a single-worker queue: a request waits for those ahead of
+/// it); pod-1 is far and answers in `far` whatever the load. Returns the share of
+/// answers within `slo` and the picks per pod, past the first tenth.
+fn near_pod_with_a_capacity(
+    spread: &str,
+    gap: Duration,
+    service: Duration,
+    far: Duration,
+    requests: usize,
+) -> (f64, HashMap<String, u32>) {
+    let t0 = Instant::now();
+    let slo = ms(20);
+    let r = router(
+        2,
+        &[("latency-slo", "20ms"), ("qos-pool-spread", spread)],
+        t0,
+    );
+    let mut rng = SmallRng::seed_from_u64(21);
+    let mut open: VecDeque<(Instant, Picked, Duration)> = VecDeque::new();
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    let (mut within, mut counted) = (0, 0);
+    let mut near_free_at = t0;
+    for k in 0..requests {
+        let now = t0 + gap * k as u32;
+        open.make_contiguous().sort_by_key(|(done, ..)| *done);
+        while open.front().is_some_and(|(done, ..)| *done <= now) {
+            let (done, p, latency) = open.pop_front().unwrap();
+            r.record(&p, done, ok(latency));
+        }
+        let p = pick(&r, now, &mut rng);
+        let id = p.endpoint().id.clone();
+        let latency = if id == "pod-0" {
+            near_free_at = near_free_at.max(now) + service;
+            near_free_at - now
+        } else {
+            far
+        };
+        if k >= requests / 10 {
+            *counts.entry(id).or_default() += 1;
+            counted += 1;
+            within += usize::from(latency <= slo);
+        }
+        open.push_back((now + latency, p, latency));
+    }
+    (within as f64 / counted as f64, counts)
+}
+
+#[test]
+fn the_slack_spread_pushes_no_pod_past_its_capacity() {
+    // 450 requests per second; the near pod serves 250 per second at most (4 ms each),
+    // the far one answers in 17 ms. Its slack says "send the near pod more"; its queue
+    // (requests in flight) says when that is enough.
+    let (within, counts) =
+        near_pod_with_a_capacity("slack", Duration::from_micros(2222), ms(4), ms(17), 20_000);
+    let (even_within, even_counts) =
+        near_pod_with_a_capacity("even", Duration::from_micros(2222), ms(4), ms(17), 20_000);
+    eprintln!("slack {within:.4} {counts:?}; even {even_within:.4} {even_counts:?}");
+    assert!(within >= even_within - 0.002, "{within} {counts:?}");
+    let near = f64::from(counts["pod-0"]) / f64::from(counts.values().sum::<u32>());
+    assert!(
+        near <= 0.58,
+        "past its capacity (250 of 450 a second): {counts:?}"
+    );
+}
+
+#[test]
+fn the_slack_spread_sends_more_to_the_near_pod_with_room() {
+    // 200 requests per second, a 12 ms SLO: the near pod answers in 3 ms, the other in
+    // 9 ms (3 ms of slack). Even, each takes half and the tight one's answers ride the
+    // SLO's edge; by slack, the one with room takes most.
+    let t0 = Instant::now();
+    let r = router(
+        2,
+        &[("latency-slo", "12ms"), ("qos-pool-spread", "slack")],
+        t0,
+    );
+    let latency = |id: &str| if id == "pod-0" { ms(3) } else { ms(9) };
+    let counts = spread_under_concurrency(&r, t0, &latency, ms(5), 6000);
+    eprintln!("{counts:?}");
+    let near = f64::from(counts["pod-0"]) / f64::from(counts.values().sum::<u32>());
+    assert!(near >= 0.7, "{counts:?}");
+    assert!(counts["pod-1"] > 0, "starved: {counts:?}");
 }
 
 #[test]

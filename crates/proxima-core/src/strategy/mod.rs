@@ -28,7 +28,7 @@ pub use kube_proxy::KubeProxy;
 pub use local::{Local, LocalFallback};
 pub use p2c_ewma::P2cEwma;
 pub use proximity::{Decay, Proximity};
-pub use qos_pool::QosPool;
+pub use qos_pool::{QosPool, Spread};
 pub use rap::Rap;
 
 use crate::environment::Environment;
@@ -318,7 +318,7 @@ impl Default for StrategyRegistry {
         let mut r = Self {
             builders: BTreeMap::new(),
         };
-        r.register("qos-pool", |_| (Box::new(QosPool), vec![]));
+        r.register("qos-pool", QosPool::build);
         r.register("round-robin", |_| (Box::new(RoundRobin::default()), vec![]));
         r.register("random", |_| (Box::new(RandomStrategy), vec![]));
         r.register("rap", Rap::build);
@@ -350,7 +350,7 @@ impl StrategyRegistry {
         match self.builders.get(settings.strategy.as_str()) {
             Some(build) => build(settings),
             None => (
-                Box::new(QosPool),
+                Box::new(QosPool::default()),
                 vec![SettingError::new(
                     "strategy",
                     &settings.strategy,

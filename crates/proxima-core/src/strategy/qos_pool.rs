@@ -32,6 +32,21 @@
 //!   The rule: within the pool, each member's share over a window stays within
 //!   max/min ≤ 1.2 of the others' (weights aside), unless the saturation rule below
 //!   applies.
+//! * **Or by slack** (`qos-pool-spread: slack`; not in the paper, whose even spread
+//!   treats a member just under the SLO like one with a wide margin, so that host
+//!   jitter turns the first kind's answers into misses). Of two drawn members, one that
+//!   is *hot* (it holds at least `1 + max(in_flight(other), 1) · latency ratio` requests
+//!   in flight: more than its latency explains, a queue starting) loses to one that is
+//!   not; otherwise the one with more *slack* wins: the SLO less its predicted time at
+//!   the SLO percentile. This is Prequal's hot-cold rule (Wydrowski et al., NSDI 2024,
+//!   §3: among replicas that are not hot, the lowest latency; load as requests in
+//!   flight), with the SLO's slack as the latency side. The load signal is current (a
+//!   queue makes a member hot within its next few requests), so a near pod takes what
+//!   it can serve without queueing and no more; a spread weighted by the verdict
+//!   window alone oscillated against a pod's capacity (docs/results/issue-30.md). The
+//!   papers' spread stays as a constraint: one decision in eight is taken by the even
+//!   rule, so no member is starved or left unmeasured, and the saturation rule below
+//!   holds for both.
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
 //!   that a member is actually saturated, i.e. it holds more requests than its latency
 //!   explains: `a` is saturated next to `b` when
@@ -67,14 +82,55 @@
 
 use rand::{Rng, RngCore};
 
+use super::params::Params;
 use super::{two_choices_among, Choice, PickContext, Reason, Strategy};
+use crate::settings::{ServiceSettings, SettingError};
 
-/// QEdgeProxy's QoS pool with even two-choice spreading (see the module docs).
+/// QEdgeProxy's QoS pool with two-choice spreading (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct QosPool;
+pub struct QosPool {
+    spread: Spread,
+}
+
+/// How requests are spread inside the pool (`qos-pool-spread`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Spread {
+    /// Every member the same share (QEdgeProxy §I), saturation aside.
+    #[default]
+    Even,
+    /// Members with more slack under the SLO take more, against their load in flight;
+    /// one decision in [`EVEN_TURNS`] is taken by the even rule (see the module docs).
+    Slack,
+}
+
+/// One pick in this many is decided by the even rule under [`Spread::Slack`], so that a
+/// member with little slack still gets a floor share and stays measured.
+const EVEN_TURNS: u32 = 8;
+
+impl QosPool {
+    /// The strategy with `spread`.
+    pub fn new(spread: Spread) -> Self {
+        Self { spread }
+    }
+
+    /// Build from a service's settings (`qos-pool-spread: even | slack`).
+    pub fn build(settings: &ServiceSettings) -> (Box<dyn Strategy>, Vec<SettingError>) {
+        let mut p = Params::new(settings, "qos-pool");
+        let spread = p.choice(
+            "spread",
+            Spread::default(),
+            &[("even", Spread::Even), ("slack", Spread::Slack)],
+        );
+        (Box::new(Self::new(spread)), p.errors)
+    }
+}
 
 /// In-flight requests beyond what latency explains before a member counts as saturated.
 const SATURATION_SLACK: f64 = 4.0;
+
+/// In-flight requests beyond what latency explains before a member counts as *hot*
+/// under [`Spread::Slack`]: a hot member loses to a cold one whatever their slack.
+const HOT_SLACK: f64 = 1.0;
 
 impl Strategy for QosPool {
     fn name(&self) -> &'static str {
@@ -84,16 +140,19 @@ impl Strategy for QosPool {
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
         // Read in place; the closure may run again if the pool changes meanwhile (it
         // only reads and draws), and the winner is charged once, below.
+        let rule = match self.spread {
+            Spread::Slack if !rng.gen_ratio(1, EVEN_TURNS) => Spread::Slack,
+            _ => Spread::Even,
+        };
         let chosen = ctx.route.read_pool(|pool| match pool.len() {
             0 => None,
             1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
-            n => two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b)).or_else(
-                || {
+            n => two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b, rule))
+                .or_else(|| {
                     // Most of the pool is excluded or cooling down: choose among the rest.
                     let usable: Vec<usize> = pool.iter().filter(|&i| ctx.usable(i)).collect();
                     (!usable.is_empty()).then(|| usable[rng.gen_range(0..usable.len())])
-                },
-            ),
+                }),
         });
         match chosen {
             Some(index) => {
@@ -143,14 +202,28 @@ impl Strategy for QosPool {
     }
 }
 
-/// The better of two usable pool members (see the module docs).
-fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
+/// The better of two usable pool members by `rule` (see the module docs).
+fn prefer(ctx: &PickContext<'_>, a: usize, b: usize, rule: Spread) -> usize {
     let state = |i: usize| ctx.route.state(i);
     if saturated(ctx, a, b) {
         return b;
     }
     if saturated(ctx, b, a) {
         return a;
+    }
+    if rule == Spread::Slack {
+        match (
+            busier(ctx, a, b, HOT_SLACK, 1.0),
+            busier(ctx, b, a, HOT_SLACK, 1.0),
+        ) {
+            (true, false) => return b,
+            (false, true) => return a,
+            _ => {}
+        }
+        let (sa, sb) = (slack(ctx, a), slack(ctx, b));
+        if sa != sb {
+            return if sb > sa { b } else { a };
+        }
     }
     if state(b).picks() < state(a).picks() {
         b
@@ -159,13 +232,33 @@ fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
     }
 }
 
+/// How far the member's predicted time at the SLO percentile sits below the SLO, in
+/// seconds: a member without a prediction is taken to sit at half the SLO, and one at
+/// or over it (in the pool within its verdict margin) keeps 1/64 of the SLO.
+fn slack(ctx: &PickContext<'_>, i: usize) -> f64 {
+    let slo = ctx.route.settings().latency_slo.as_secs_f64();
+    let predicted = match ctx.route.state(i).score_micros() {
+        0 => slo / 2.0,
+        u64::MAX => slo,
+        us => us as f64 / 1e6,
+    };
+    (slo - predicted).max(slo / 64.0)
+}
+
 /// Whether `a` holds more requests in flight than its latency explains next to `b`.
 fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
+    busier(ctx, a, b, SATURATION_SLACK, 2.0)
+}
+
+/// Whether `a` holds at least `slack + factor · max(in_flight(b), 1) · latency(a) /
+/// latency(b)` requests in flight (peak-EWMA latencies; the ratio is 1 while either is
+/// unknown): more than its latency explains next to `b`, by that margin.
+fn busier(ctx: &PickContext<'_>, a: usize, b: usize, slack: f64, factor: f64) -> bool {
     let (sa, sb) = (ctx.route.state(a), ctx.route.state(b));
     let in_flight = f64::from(sa.in_flight());
     // The right-hand side is at least the slack (the ratio is never negative): below
     // it there is no need to decay the two peak EWMAs, the costly part of the test.
-    if in_flight < SATURATION_SLACK {
+    if in_flight < slack {
         return false;
     }
     let ratio = match (sa.peak_ewma(ctx.now), sb.peak_ewma(ctx.now)) {
@@ -173,7 +266,7 @@ fn saturated(ctx: &PickContext<'_>, a: usize, b: usize) -> bool {
         _ => 1.0,
     };
     let others = f64::from(sb.in_flight().max(1));
-    in_flight >= SATURATION_SLACK + 2.0 * others * ratio
+    in_flight >= slack + factor * others * ratio
 }
 
 /// The best expected candidates when no pool member can take the request (see the
@@ -187,7 +280,7 @@ fn fallback(ctx: &PickContext<'_>) -> Option<Choice> {
     let index = ctx
         .candidates()
         .filter(|&i| expected(i).level_with(&best))
-        .reduce(|a, b| prefer(ctx, a, b))?;
+        .reduce(|a, b| prefer(ctx, a, b, Spread::Even))?;
     route.state(index).charge(1.0);
     Some(Choice {
         index,
