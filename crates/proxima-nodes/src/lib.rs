@@ -66,6 +66,7 @@ pub mod ping;
 pub mod prober;
 pub mod quantity;
 pub mod sample;
+pub mod share;
 pub mod usage;
 
 pub use metrics::NodeGauges;

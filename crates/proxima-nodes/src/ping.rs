@@ -10,10 +10,11 @@
 //! `usage` is `null` when unknown; `usage_age_ms` is how old it is (so the prober can date
 //! the reading on its own clock; wall clocks of different nodes are not compared);
 //! `at_ms` is the answering node's wall clock in ms since the Unix epoch, for people
-//! reading the reply. `PUT /node/usage` with `{"cpu": f, "ram": f}` (or `null` to clear)
+//! reading the reply; `pods` (left out when empty) is what the proxy knows about pods,
+//! for its neighbours (see [`crate::share`]). `PUT /node/usage` with `{"cpu": f, "ram": f}` (or `null` to clear)
 //! overrides the reported usage when the proxy runs with `--allow-usage-override`.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -23,6 +24,7 @@ use proxima_core::environment::UsageReading;
 use proxima_core::Usage;
 use serde::{Deserialize, Serialize};
 
+use crate::share::WirePod;
 use crate::usage::{is_plausible, FixedUsage, UsageSource};
 
 /// Usage as it travels in ping replies and `PUT /node/usage` bodies.
@@ -65,6 +67,10 @@ pub struct PingReply {
     /// The answering node's wall clock, ms since the Unix epoch (for people reading it).
     #[serde(default)]
     pub at_ms: u64,
+    /// What the answering proxy knows about pods (see [`crate::share`]); absent from
+    /// proxies that share nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<WirePod>,
 }
 
 /// This proxy's node, as it answers peers.
@@ -74,6 +80,8 @@ pub struct LocalNode {
     source: Option<Arc<dyn UsageSource>>,
     /// Present when `--allow-usage-override` is set; a set value wins over `source`.
     usage_override: Option<FixedUsage>,
+    /// The pod reports of this round's replies, set by the peer prober each round.
+    pods: RwLock<Arc<Vec<WirePod>>>,
 }
 
 /// Why `PUT /node/usage` was refused.
@@ -94,6 +102,7 @@ impl LocalNode {
             name,
             source,
             usage_override: None,
+            pods: RwLock::default(),
         }
     }
 
@@ -133,6 +142,11 @@ impl LocalNode {
         Ok(())
     }
 
+    /// Answer pings with `pods` from now on.
+    pub fn set_pods(&self, pods: Vec<WirePod>) {
+        *self.pods.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pods);
+    }
+
     /// The reply to a ping, now.
     pub fn reply(&self) -> PingReply {
         let reading = self.usage();
@@ -143,6 +157,7 @@ impl LocalNode {
             at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| millis(d.as_millis())),
+            pods: Vec::clone(&self.pods.read().unwrap_or_else(|e| e.into_inner())),
         }
     }
 

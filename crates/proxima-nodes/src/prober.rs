@@ -13,7 +13,9 @@
 //!    peer whose last reading expired starts again from the sample), dated when the
 //!    reply arrived. A reply from a proxy that says it runs on another node is a
 //!    failure: the address or port is wrong, and its usage must not be misattributed;
-//! 5. the readings are published into the router's [`Environment`](proxima_core::Environment) in one update,
+//! 5. the pod reports in the replies are taken in (`proxima_core::neighbours`), and the
+//!    digest this proxy's own replies carry is rebuilt at the start of each round;
+//! 6. the readings are published into the router's [`Environment`](proxima_core::Environment) in one update,
 //!    together with the peers' reported usage and this node's own usage when peer
 //!    reports are the usage source ([`PeerUsage`]), and expired readings are dropped.
 //!
@@ -37,7 +39,7 @@ use hyper::{Request, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use proxima_core::environment::LatencyReading;
-use proxima_core::{Router, Usage};
+use proxima_core::{HearReport, Router, Usage};
 use rand::RngCore;
 use tokio::net::TcpStream;
 use tower::Service;
@@ -46,6 +48,7 @@ use tracing::{debug, info};
 use crate::metrics::NodeGauges;
 use crate::ping::{dated, LocalNode, PingReply};
 use crate::sample::{self, ProbeHistory};
+use crate::share::{self, WirePod};
 use crate::usage::is_plausible;
 
 /// Path of the ping endpoint on a peer's admin port.
@@ -74,6 +77,9 @@ pub struct ProberConfig {
     /// The admin token peers expect (`Authorization: Bearer`), when their `/node/*`
     /// endpoints are closed to the node network (see `proxima_admin::AdminAccess`).
     pub token: Option<String>,
+    /// Bytes of pod reports each reply of this proxy carries (see [`crate::share`]);
+    /// 0 shares nothing and takes in nothing of what peers share.
+    pub share_bytes: usize,
 }
 
 impl Default for ProberConfig {
@@ -86,6 +92,7 @@ impl Default for ProberConfig {
             smoothing: 0.3,
             bind: None,
             token: None,
+            share_bytes: crate::share::DEFAULT_BUDGET,
         }
     }
 }
@@ -246,6 +253,8 @@ pub struct RoundReport {
     pub answered: Vec<(String, Duration)>,
     /// Peers that did not answer, and why.
     pub failed: Vec<(String, ProbeError)>,
+    /// What the pod reports in the replies did, when sharing is on.
+    pub heard: Option<HearReport>,
 }
 
 /// The probing loop (see the module docs).
@@ -260,6 +269,8 @@ pub struct PeerProber {
     smoothed: HashMap<String, LatencyReading>,
     /// Peers whose last probe failed after an earlier success (logged once).
     failing: HashMap<String, bool>,
+    /// Where this round's estimates start in the digest (see [`share::encode`]).
+    share_cursor: usize,
 }
 
 impl std::fmt::Debug for PeerProber {
@@ -290,6 +301,7 @@ impl PeerProber {
             history: HashMap::new(),
             smoothed: HashMap::new(),
             failing: HashMap::new(),
+            share_cursor: 0,
         }
     }
 
@@ -339,6 +351,7 @@ impl PeerProber {
             &mut *self.rng,
         );
         let (timeout, bind) = (self.config.timeout, self.config.bind);
+        self.publish_pods(started);
         let token = self.config.token.as_deref();
         let results = futures_util::future::join_all(
             chosen
@@ -351,6 +364,7 @@ impl PeerProber {
         let mut report = RoundReport::default();
         let mut latencies = Vec::new();
         let mut usages = Vec::new();
+        let mut pods = Vec::new();
         for (peer, result) in chosen.into_iter().zip(results) {
             let node = peer.node;
             report.probed.push(node.clone());
@@ -374,6 +388,7 @@ impl PeerProber {
                         }
                     }
                     latencies.push((node.clone(), rtt, answer.received));
+                    pods.push((answer.received, answer.reply.pods));
                     report.answered.push((node, rtt));
                 }
                 Err(e) => {
@@ -415,7 +430,38 @@ impl PeerProber {
             env.usage.retain(|_, r| fresh(r.at));
         });
         self.gauges.refresh(&self.router.environment(), now);
+        report.heard = self.hear(pods, now);
         report
+    }
+
+    /// This round's pod reports for peers' pings (see [`crate::share`]).
+    fn publish_pods(&mut self, now: Instant) {
+        let Some(local) = self.local.as_ref().filter(|_| self.config.share_bytes > 0) else {
+            return;
+        };
+        let digest = self.router.digest(now);
+        let (pods, next) = share::encode(&digest, self.config.share_bytes, self.share_cursor);
+        self.share_cursor = next;
+        local.set_pods(pods);
+    }
+
+    /// Take in the pod reports of the replies read at their times, as of `now`.
+    fn hear(&self, replies: Vec<(Instant, Vec<WirePod>)>, now: Instant) -> Option<HearReport> {
+        if self.config.share_bytes == 0 {
+            return None;
+        }
+        let reports: Vec<_> = replies
+            .iter()
+            .flat_map(|(received, pods)| {
+                let since = now.saturating_duration_since(*received);
+                pods.iter().filter_map(move |p| p.to_report(since))
+            })
+            .collect();
+        let heard = self.router.hear(&reports, now);
+        for (service, pod, origin) in &heard.suspected {
+            info!(%service, pod, reported_by = origin, "pod suspect on a neighbour's failure report: probed before it takes another request");
+        }
+        Some(heard)
     }
 
     /// EWMA of the round-trip time to `node`, restarted when the last reading expired.

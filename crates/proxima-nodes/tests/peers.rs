@@ -440,3 +440,120 @@ async fn usage_overrides_and_the_fallback_switch() {
     );
     assert!(env.usage("n3", Instant::now()).is_none());
 }
+
+/// A proxy on `local` routing web-1 (on n2) and web-2 (on n1), three failures in a row
+/// ejecting a pod.
+fn sharing_router(local: &str, nodes: Vec<Node>) -> Arc<Router> {
+    let router = Arc::new(Router::new(Some(local.into())));
+    let (settings, errors) =
+        ServiceSettings::from_pairs([("latency-slo", "50ms"), ("qos-pool-eject-after", "3")]);
+    assert!(errors.is_empty(), "{errors:?}");
+    let spec = ServiceSpec::new(ServiceKey::new("default", "web"), vec![], settings);
+    let pods = vec![
+        Endpoint::new("web-1", "127.0.0.1:1".parse().unwrap()).on_node("n2"),
+        Endpoint::new("web-2", "127.0.0.1:2".parse().unwrap()).on_node("n1"),
+    ];
+    router.apply(
+        [Update::Reset {
+            nodes,
+            services: vec![(spec, pods)],
+        }],
+        Instant::now(),
+    );
+    router
+}
+
+/// Send `n` requests through `router`, web-1 answering `web1` and web-2 200 in 5 ms.
+fn traffic(router: &Router, n: usize, web1: proxima_core::Outcome) {
+    let mut rng = SmallRng::seed_from_u64(3);
+    let key = ServiceKey::new("default", "web");
+    for _ in 0..n {
+        let now = Instant::now();
+        let picked = router.pick(&key, None, now, &mut rng, &[]).unwrap();
+        let outcome = if picked.endpoint().id == "web-1" {
+            web1
+        } else {
+            proxima_core::Outcome::Answered {
+                latency: Duration::from_millis(5),
+                status: 200,
+            }
+        };
+        router.record(&picked, now, outcome);
+    }
+}
+
+fn pool_ids(router: &Router) -> Vec<String> {
+    let table = router.table();
+    let route = &table.services[&ServiceKey::new("default", "web")];
+    let mut ids: Vec<String> = route
+        .pool()
+        .iter()
+        .map(|&i| route.endpoints[i].endpoint.id.clone())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_one_proxy_saw_fail_is_suspect_at_its_neighbour_after_one_round() {
+    // n2's proxy: its admin server, and its own prober, which publishes its reports.
+    let n2 = Peer::start("n2", "127.0.0.2", None, false).await;
+    let nodes = || {
+        vec![
+            node("n2", n2.addr),
+            node("n1", "127.0.0.1:9".parse().unwrap()),
+        ]
+    };
+    let n2_router = sharing_router("n2", nodes());
+    // n1's proxy, sharing on and off: both sent web-1 a few good requests earlier.
+    let on = sharing_router("n1", nodes());
+    let off = sharing_router("n1", nodes());
+    let good = proxima_core::Outcome::Answered {
+        latency: Duration::from_millis(5),
+        status: 200,
+    };
+    for r in [&n2_router, &on, &off] {
+        traffic(r, 20, good);
+    }
+    // Then web-1 starts failing; n2's proxy, which sends it traffic, ejects it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let failing = proxima_core::Outcome::Answered {
+        latency: Duration::from_millis(1),
+        status: 503,
+    };
+    traffic(&n2_router, 20, failing);
+    assert_eq!(pool_ids(&n2_router), ["web-2"]);
+    let registry = Registry::new();
+    let quiet = ProberConfig {
+        max_peers_per_round: 0,
+        ..ProberConfig::default()
+    };
+    let (n2_prober, _) = prober(&n2_router, &registry, quiet);
+    n2_prober.with_local(n2.local.clone()).round().await;
+
+    // One round of n1's prober (which probes n2) later, web-1 is suspect there.
+    let (on_prober, _) = prober(&on, &Registry::new(), ProberConfig::default());
+    let mut on_prober = on_prober.with_local(Arc::new(LocalNode::new(Some("n1".into()), None)));
+    let report = on_prober.round().await;
+    assert_eq!(report.answered.len(), 1, "{:?}", report.failed);
+    let heard = report.heard.expect("sharing is on by default");
+    assert_eq!(heard.suspected.len(), 1, "{heard:?}");
+    assert_eq!(heard.suspected[0].1, "web-1");
+    assert_eq!(heard.suspected[0].2, "n2");
+    assert_eq!(pool_ids(&on), ["web-2"]);
+    let explain = on.explain(Instant::now());
+    let web1 = &explain.services[0].endpoints[0];
+    assert!(web1.reason.contains("n2"), "{}", web1.reason);
+    let probes = on.due_probes(Instant::now());
+    assert_eq!(probes.len(), 1, "probed before it takes another request");
+
+    // With sharing off, the same round changes nothing.
+    let no_sharing = ProberConfig {
+        share_bytes: 0,
+        ..ProberConfig::default()
+    };
+    let (mut off_prober, _) = prober(&off, &Registry::new(), no_sharing);
+    let report = off_prober.round().await;
+    assert!(report.heard.is_none());
+    assert_eq!(pool_ids(&off), ["web-1", "web-2"]);
+}

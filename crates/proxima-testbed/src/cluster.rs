@@ -686,6 +686,7 @@ impl Cluster {
             interval: self.scenario.testbed.peer_probe_interval,
             timeout: Duration::from_secs(2),
             bind: Some(ip),
+            share_bytes: self.scenario.testbed.peer_share_bytes,
             ..ProberConfig::default()
         };
         let rng = SmallRng::seed_from_u64(hash_seed(self.scenario.seed, &name));

@@ -50,7 +50,8 @@
 //!       - node-up: edge-2
 //!       - usage: { node: edge-2, cpu: 0.95 }             # background usage (RAP)
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
-//! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s }
+//! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s,
+//!            peer-share-bytes: 4096 }   # 0: proxies share no pod reports
 //! variants:                     # optional: run everything once per variant, with
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
@@ -347,6 +348,7 @@ struct TestbedDoc {
     warmup_timeout: Option<String>,
     drain: Option<String>,
     client_timeout: Option<String>,
+    peer_share_bytes: Option<usize>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -795,6 +797,9 @@ pub struct TestbedSettings {
     pub drain: Duration,
     /// Default for every client's `timeout`.
     pub client_timeout: Duration,
+    /// Bytes of pod reports each proxy's ping replies carry (0: proxies share nothing;
+    /// see `proxima_core::neighbours`), so that sharing can be shown on and off.
+    pub peer_share_bytes: usize,
 }
 
 impl Default for TestbedSettings {
@@ -807,6 +812,7 @@ impl Default for TestbedSettings {
             warmup_timeout: Duration::from_secs(15),
             drain: Duration::from_secs(2),
             client_timeout: Duration::from_secs(30),
+            peer_share_bytes: proxima_nodes::share::DEFAULT_BUDGET,
         }
     }
 }
@@ -1636,6 +1642,7 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         warmup_timeout: setting("warmup-timeout", &t.warmup_timeout, d.warmup_timeout),
         drain,
         client_timeout: setting("client-timeout", &t.client_timeout, d.client_timeout),
+        peer_share_bytes: t.peer_share_bytes.unwrap_or(d.peer_share_bytes),
     };
     for (client, doc) in clients.iter_mut().zip(&doc.clients) {
         if doc.timeout.is_none() {

@@ -251,6 +251,7 @@ const TESTBED: Shape = Shape::Map(&[
     ("warmup-timeout", DURATION),
     ("drain", DURATION),
     ("client-timeout", DURATION),
+    ("peer-share-bytes", Shape::Scalar),
 ]);
 /// The whole document.
 pub(crate) const SCENARIO: Shape = Shape::Map(&[

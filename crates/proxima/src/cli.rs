@@ -783,6 +783,18 @@ pub struct NodesArgs {
     )]
     pub peer_sample: usize,
 
+    /// Bytes of pod reports (processing-time estimates, failure verdicts) this proxy's
+    /// ping replies carry for its neighbours, and whether it takes in theirs: a pod a
+    /// neighbour saw fail is probed before it takes another request here, and a pod not
+    /// measured here is predicted from a neighbour's measurement of it. 0 shares nothing.
+    #[arg(
+        long,
+        env = "PROXIMA_PEER_SHARE_BYTES",
+        default_value = "4096",
+        value_name = "BYTES"
+    )]
+    pub peer_share_bytes: usize,
+
     /// Where node CPU and memory usage comes from (for the rap strategy).
     #[arg(
         long,
@@ -1249,6 +1261,7 @@ mod tests {
         assert_eq!(defaults.peer_probe_interval, Duration::from_secs(2));
         assert_eq!(defaults.peer_probe_timeout, Duration::from_secs(1));
         assert_eq!(defaults.peer_sample, 32);
+        assert_eq!(defaults.peer_share_bytes, 4096);
         assert_eq!(defaults.usage_source, UsageSource::Auto);
         assert_eq!(defaults.usage_poll_interval, Duration::from_secs(15));
         assert_eq!(defaults.node_reading_max_age, Duration::from_secs(30));

@@ -15,7 +15,9 @@
 //! Node measurements (`proxima_nodes`, flags under "Node measurements"): the admin
 //! server answers peers' `GET /node/ping` from the start; with the proxy come the peer
 //! prober, the sampler of this node's usage and (with metrics-server as usage source)
-//! the metrics.k8s.io poller. They write into the router's environment and never stop
+//! the metrics.k8s.io poller. The prober's first round runs before the proxy serves (at
+//! most about `--peer-probe-timeout`), so that a proxy that joins a cluster starts with
+//! its peers' latencies and pod reports. They write into the router's environment and never stop
 //! the proxy: an unreachable peer or API is logged and retried.
 
 use std::net::SocketAddr;
@@ -35,6 +37,30 @@ use tracing::{error, info, warn};
 use crate::cli::{Discovery, KubeArgs, NodesArgs, ProxyArgs, RunArgs, UsageSource};
 use crate::kubernetes::{self, DiscoveryTask, FirstSync};
 use crate::shutdown::Shutdown;
+
+/// One round of peer probes before the proxy serves, so that a proxy that joins knows
+/// its peers' round-trip times and what they measured of pods (failures, processing
+/// times) before its first request: without them every pod it has not measured looks
+/// as good as any other, and its first requests go to pods its neighbours know cannot
+/// meet the SLO. Probes run at once, so the round takes about one `timeout` at most;
+/// a round that takes longer is left to the loop.
+async fn first_round(prober: &mut proxima_nodes::PeerProber, timeout: Duration) {
+    let started = Instant::now();
+    match tokio::time::timeout(timeout + FIRST_ROUND_SLACK, prober.round()).await {
+        Ok(report) => info!(
+            answered = report.answered.len(),
+            probed = report.probed.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "first round of peer probes done before serving"
+        ),
+        Err(_) => {
+            warn!("first round of peer probes took longer than {timeout:?}; serving without it")
+        }
+    }
+}
+
+/// Time beyond the probe timeout allowed for the first round's bookkeeping.
+const FIRST_ROUND_SLACK: Duration = Duration::from_millis(250);
 
 /// Time allowed, beyond the proxy's grace period, for the other tasks to stop.
 const STOP_SLACK: Duration = Duration::from_secs(10);
@@ -421,15 +447,19 @@ impl NodeMeasurements {
             interval: args.peer_probe_interval,
             timeout: args.peer_probe_timeout,
             max_peers_per_round: args.peer_sample,
+            share_bytes: args.peer_share_bytes,
             peer_port: args.peer_port,
             bind,
             token,
             ..proxima_nodes::ProberConfig::default()
         };
         let rng = <rand::rngs::SmallRng as rand::SeedableRng>::from_entropy();
-        let prober = proxima_nodes::PeerProber::new(router, config, self.gauges, rng)
+        let mut prober = proxima_nodes::PeerProber::new(router, config, self.gauges, rng)
             .with_local(self.local)
             .with_peer_usage(peer_usage);
+        if args.peer_sample > 0 {
+            first_round(&mut prober, args.peer_probe_timeout).await;
+        }
         let stop = shutdown.wait();
         tasks.spawn(async move {
             prober.run(stop).await;
