@@ -238,6 +238,162 @@ async fn idle_keep_alive_connections_park_wake_for_their_next_request_and_idle_o
     );
 }
 
+/// Read what `stream` has into `data`; the answer must not end there.
+async fn read_more(stream: &mut TcpStream, data: &mut Vec<u8>) {
+    let mut chunk = [0u8; 4096];
+    let n = stream.read(&mut chunk).await.expect("an answer");
+    assert!(
+        n > 0,
+        "closed mid-answer: {:?}",
+        String::from_utf8_lossy(data)
+    );
+    data.extend_from_slice(&chunk[..n]);
+}
+
+/// One answer read off `stream`, framed by its `content-length` or chunked: its status
+/// line (lower case) and its body, decoded. Nothing after it is read.
+async fn read_answer(stream: &mut TcpStream) -> (String, Vec<u8>) {
+    let mut data = Vec::new();
+    let end = loop {
+        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        read_more(stream, &mut data).await;
+    };
+    let head = String::from_utf8_lossy(&data[..end]).to_lowercase();
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let length = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map(|n| n.trim().parse::<usize>().unwrap());
+    let mut body = Vec::new();
+    let mut at = end;
+    match length {
+        Some(length) => {
+            while data.len() < end + length {
+                read_more(stream, &mut data).await;
+            }
+            body.extend_from_slice(&data[end..end + length]);
+            at = end + length;
+        }
+        None => loop {
+            let line_end = loop {
+                if let Some(n) = data[at..].windows(2).position(|w| w == b"\r\n") {
+                    break at + n;
+                }
+                read_more(stream, &mut data).await;
+            };
+            let size = usize::from_str_radix(&String::from_utf8_lossy(&data[at..line_end]), 16)
+                .expect("a chunk size");
+            while data.len() < line_end + 2 + size + 2 {
+                read_more(stream, &mut data).await;
+            }
+            body.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
+            at = line_end + 2 + size + 2;
+            if size == 0 {
+                break;
+            }
+        },
+    }
+    assert_eq!(
+        at,
+        data.len(),
+        "bytes after the answer: the next one began early"
+    );
+    (status, body)
+}
+
+/// Devices that POST their readings: their connections park between requests as GET
+/// ones do (the native loop reads a small body whole, `http1/serve.rs`, and keeps the
+/// connection), and each resumes exactly where it was: bodies by length and chunked,
+/// a body split by a pause longer than the park delay, a request pipelined right behind
+/// a body, each read to the byte. A body over the loop's limit is hyper's (streamed,
+/// answered the same), and that connection does not park.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_whose_requests_have_bodies_park_and_resume_exactly_where_they_were() {
+    const CLIENTS: usize = 12;
+    let dir = TempDir::new("park-bodies");
+    let pod = backend("pod").await;
+    let proxima = start(&dir, &[("api", pod.addr())], &[]).await;
+    let parked = || async move {
+        let text = admin_text(proxima.admin, "/metrics").await;
+        metric(&text, "proxima_client_connections_parked ")
+    };
+    let wait_parked = |count: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while parked().await != count as f64 {
+            assert!(
+                Instant::now() < deadline,
+                "{} parked, not {count}",
+                parked().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let post = |reading: &str, chunked: bool| {
+        let head = "POST /echo HTTP/1.1\r\nhost: x\r\nx-service: api\r\n";
+        match chunked {
+            false => format!("{head}content-length: {}\r\n\r\n{reading}", reading.len()),
+            true => format!(
+                "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{reading}\r\n0\r\n\r\n",
+                reading.len()
+            ),
+        }
+    };
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let mut client = TcpStream::connect(proxima.proxy).await.unwrap();
+        let reading = format!("reading {i}");
+        client
+            .write_all(post(&reading, i % 2 == 1).as_bytes())
+            .await
+            .unwrap();
+        let (status, body) = read_answer(&mut client).await;
+        assert!(status.starts_with("http/1.1 200"), "{status}");
+        assert_eq!(body, reading.as_bytes());
+        clients.push(client);
+    }
+    wait_parked(CLIENTS).await;
+
+    // Woken by a body and a GET pipelined behind it, in one write: both answered, in
+    // order, the GET read from exactly where the body ended.
+    for (i, client) in clients.iter_mut().enumerate() {
+        let reading = format!("second reading {i}");
+        let mut bytes = post(&reading, i % 2 == 0);
+        bytes.push_str("GET /after HTTP/1.1\r\nhost: x\r\nx-service: api\r\n\r\n");
+        client.write_all(bytes.as_bytes()).await.unwrap();
+        assert_eq!(read_answer(client).await.1, reading.as_bytes());
+        let (status, echo) = read_answer(client).await;
+        assert!(status.starts_with("http/1.1 200"), "{status}");
+        let echo: Value = serde_json::from_slice(&echo).unwrap();
+        assert_eq!(
+            (echo["method"].as_str(), echo["path"].as_str()),
+            (Some("GET"), Some("/after"))
+        );
+    }
+    wait_parked(CLIENTS).await;
+
+    // A body split by a pause longer than the park delay: the connection waits for the
+    // rest (it does not park mid-request) and the body arrives whole.
+    let slow = &mut clients[0];
+    let bytes = post("0123456789", false);
+    let (first, rest) = bytes.split_at(bytes.len() - 4);
+    slow.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(parked().await, (CLIENTS - 1) as f64);
+    slow.write_all(rest.as_bytes()).await.unwrap();
+    assert_eq!(read_answer(slow).await.1, b"0123456789");
+    wait_parked(CLIENTS).await;
+
+    // Over the loop's limit (16 KiB): hyper streams it, and keeps the connection.
+    let large = "x".repeat(20_000);
+    let big = &mut clients[1];
+    big.write_all(post(&large, false).as_bytes()).await.unwrap();
+    assert_eq!(read_answer(big).await.1, large.as_bytes());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(parked().await, (CLIENTS - 1) as f64);
+}
+
 // ---- 2. stale keep-alive connections ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,9 +8,10 @@
 //!   *is* the parser of record, so those requests agree by construction and only the
 //!   refusals below are checked on them. The native loop never refuses: it serves or
 //!   hands off. So: every request it serves must be one hyper's server serves, the same
-//!   (method, target, version, header fields in order, empty body, no trailers); when it
-//!   stops (its client asked to close, or the close came with no complete head), hyper
-//!   must not find another request either. Then every request, native or not, goes
+//!   (method, target, version, header fields in order, body (a small one, read whole by
+//!   length or chunked), no trailers); when it stops (its client asked to close, or the
+//!   close came with no complete head), hyper must not find another request either; when
+//!   the close came inside a body, hyper must have failed to read that body. Then every request, native or not, goes
 //!   through the proxy's RFC 9112 refusals (`conn_service.rs`, answered before routing),
 //!   which must match [`REQUEST_EXCEPTIONS`] exactly: no refusal where none applies.
 //! * Responses, after a `GET` and after a `HEAD`. Ours is the native exchange (`h1.rs`:
@@ -618,6 +619,9 @@ fn check_request(
                 used,
             } => {
                 tally.add("request: served natively");
+                if !message.body.is_empty() {
+                    tally.add("request: served natively, with a body");
+                }
                 let Some((hyper_message, read, _)) = theirs.requests.get(native) else {
                     return Err(TestCaseError::fail(format!(
                         "the native loop serves a request hyper's server does not: \
@@ -664,6 +668,28 @@ fn check_request(
                     "hyper finds a request where the native loop sees none complete\n{}",
                     context()
                 );
+                break;
+            }
+            NativeRequest::UnfinishedBody { message } => {
+                // The input ends inside a body the loop reads whole before forwarding its
+                // request: at the close, the loop closes and the request goes nowhere.
+                // hyper hands its service the head first, and then fails to read the body.
+                tally.add("request: native loop closes inside a body");
+                let Some((hyper_message, read, _)) = theirs.requests.get(native) else {
+                    return Err(TestCaseError::fail(format!(
+                        "hyper finds no request where the native loop reads a body: \
+                         {message:#?}\n{}",
+                        context()
+                    )));
+                };
+                prop_assert_eq!(&message.start, &hyper_message.start, "{}", context());
+                prop_assert_eq!(&message.headers, &hyper_message.headers, "{}", context());
+                prop_assert!(
+                    read.is_err(),
+                    "hyper reads whole a body the native loop finds unfinished\n{}",
+                    context()
+                );
+                prop_assert_eq!(theirs.requests.len(), native + 1, "{}", context());
                 break;
             }
             NativeRequest::Invalid => {

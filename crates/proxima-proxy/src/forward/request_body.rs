@@ -26,12 +26,32 @@ type PolledFrame = Poll<Option<Result<Frame<Bytes>, hyper::Error>>>;
 pub(crate) const REPLAY_LIMIT: usize = 64 * 1024;
 
 /// Body of a request on its way to a pod: the client's body, or nothing (requests
-/// without a body, and replays of them), or the client's body read through a record.
+/// without a body, and replays of them), or the client's body read through a record,
+/// or a small body the proxy's own HTTP/1.1 loop read whole (`http1/serve.rs`).
 #[derive(Debug)]
 pub(crate) enum RequestBody {
     Client(Incoming),
     Empty,
     Recorded(Reader),
+    Whole(Whole),
+}
+
+/// A body read whole before its request is forwarded. Never empty (an empty body is
+/// [`RequestBody::Empty`]); it can be read again from the start, as a recorded one.
+#[derive(Debug)]
+pub(crate) struct Whole {
+    data: Bytes,
+    sent: bool,
+}
+
+impl Whole {
+    fn poll_frame(&mut self) -> PolledFrame {
+        if self.sent {
+            return Poll::Ready(None);
+        }
+        self.sent = true;
+        Poll::Ready(Some(Ok(Frame::data(self.data.clone()))))
+    }
 }
 
 /// One reading of a recorded body: from its first frame, the client's body being read
@@ -58,6 +78,14 @@ struct Record {
 }
 
 impl RequestBody {
+    /// `data`, read whole: [`RequestBody::Empty`] when there is none.
+    pub(crate) fn whole(data: Bytes) -> Self {
+        if data.is_empty() {
+            return RequestBody::Empty;
+        }
+        RequestBody::Whole(Whole { data, sent: false })
+    }
+
     /// Read `body` through a record, so that it can be sent again (see the module docs).
     pub(crate) fn recorded(body: Incoming) -> Self {
         let hint = body.size_hint();
@@ -79,8 +107,10 @@ impl RequestBody {
     /// A new reading of this body from its start, if it is recorded and within the
     /// limit (the attempt that had it is over, or will read no more).
     pub(crate) fn again(&self) -> Option<Self> {
-        let RequestBody::Recorded(reader) = self else {
-            return None;
+        let reader = match self {
+            RequestBody::Recorded(reader) => reader,
+            RequestBody::Whole(whole) => return Some(Self::whole(whole.data.clone())),
+            _ => return None,
         };
         let overflow = reader
             .record
@@ -161,6 +191,7 @@ impl Body for RequestBody {
             RequestBody::Client(body) => Pin::new(body).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),
             RequestBody::Recorded(reader) => reader.poll_frame(cx),
+            RequestBody::Whole(whole) => whole.poll_frame(),
         }
     }
 
@@ -169,6 +200,7 @@ impl Body for RequestBody {
             RequestBody::Client(body) => body.is_end_stream(),
             RequestBody::Empty => true,
             RequestBody::Recorded(reader) => reader.is_end_stream(),
+            RequestBody::Whole(whole) => whole.sent,
         }
     }
 
@@ -177,6 +209,8 @@ impl Body for RequestBody {
             RequestBody::Client(body) => body.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
             RequestBody::Recorded(reader) => reader.hint,
+            RequestBody::Whole(whole) if whole.sent => SizeHint::with_exact(0),
+            RequestBody::Whole(whole) => SizeHint::with_exact(whole.data.len() as u64),
         }
     }
 }

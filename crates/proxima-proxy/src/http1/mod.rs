@@ -941,9 +941,10 @@ enum Framing {
 }
 
 /// Where in a chunked body the decoder is (RFC 9112 §7.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Chunked {
     /// At a chunk-size line.
+    #[default]
     Size,
     /// Inside a chunk's data, this many bytes still to come.
     Data(u64),

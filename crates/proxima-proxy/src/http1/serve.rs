@@ -1,16 +1,21 @@
 //! The proxy's own HTTP/1.1 server loop, for the requests nearly all edge traffic is made
-//! of: a head and no body (GETs, HEADs, probes, DELETEs). It reads and parses the
-//! request head (`httparse`, header values sharing the read buffer), hands the request
+//! of: a head and no body (GETs, HEADs, probes, DELETEs), or a small one (devices
+//! POSTing a reading). It reads and parses the request head (`httparse`, header values
+//! sharing the read buffer), reads a body of up to [`WHOLE_BODY_LIMIT`] bytes whole
+//! (by `Content-Length`, or chunked, decoded as pods' answers are), hands the request
 //! to the same per-connection service as hyper's server, and writes the response head
 //! and body itself: a small first body frame is copied behind the head and both go in
-//! one `send`, a larger one goes with the head in one `writev`.
+//! one `send`, a larger one goes with the head in one `writev`. Since the connection
+//! stays on this loop, it parks between requests (`client/park.rs`) whatever they carry.
 //!
 //! Anything else goes to hyper for the rest of the connection, with the bytes read so far
-//! replayed in front of the socket ([`Watched::replay`]): a request with a body, `Expect`,
-//! `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface, a head that does not parse or that
-//! outgrows the read limit. hyper then behaves exactly as if it had had the connection
-//! from the start, answers included (its own `400`/`431`/`414`, which `client/conn.rs` dresses
-//! as JSON). The native loop never answers a protocol error itself.
+//! replayed in front of the socket ([`Watched::replay`]): a larger body, or one framed
+//! otherwise (a list of lengths, a coding besides `chunked`, both fields, trailer
+//! fields, a malformed chunk), `Expect`, `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface,
+//! a head that does not parse or that outgrows the read limit. hyper then behaves
+//! exactly as if it had had the connection from the start, answers included (its own
+//! `400`/`431`/`414`, which `client/conn.rs` dresses as JSON). The native loop never
+//! answers a protocol error itself.
 //!
 //! What the loop keeps of hyper's HTTP/1.1 server (RFC 9112):
 //!
@@ -44,7 +49,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
@@ -59,7 +64,7 @@ use crate::client::gate::Gate;
 use crate::forward::body::ResponseBody;
 use crate::forward::request_body::RequestBody;
 use crate::forward::target::TargetCache;
-use crate::http1::RawFields;
+use crate::http1::{Chunked, Decoded, RawFields};
 
 /// Bytes a read makes room for: a whole head of the kind devices send (a few hundred
 /// bytes) and a few pipelined ones; a longer head grows the buffer by as much again per
@@ -67,6 +72,12 @@ use crate::http1::RawFields;
 /// connection holds its buffer while it is in use, and a burst of new connections
 /// multiplies it (hyper starts at 8 KiB).
 const READ_SIZE: usize = 1024;
+/// The largest request body the loop reads itself, whole, before it forwards the
+/// request (a chunked one: this many bytes of it as sent, framing included). As nginx's
+/// `client_body_buffer_size` (16k): devices' readings fit many times over, and the
+/// buffer is held only while its request is read and sent. A larger body goes to hyper,
+/// which streams it, and whose connections do not park.
+const WHOLE_BODY_LIMIT: usize = 16 * 1024;
 /// Header field slots of a request's first parse (on the stack).
 const COMMON_HEADERS: usize = 64;
 /// Header fields the proxy adds to a request on its way to a pod (`headers.rs`).
@@ -169,7 +180,23 @@ pub(crate) async fn serve(
             let Native {
                 request,
                 keep_alive,
+                body,
+                head,
             } = parsed;
+            // On the heap, as the answer below: only requests with a body pay for it.
+            let read = match body {
+                BodyFraming::Length(0) => None,
+                _ => Some(Box::pin(read_whole(&mut io, &mut buf, body)).await),
+            };
+            let request = match read {
+                None => request,
+                Some(Whole::Read(data)) => with_body(request, body, data),
+                Some(Whole::Closed) => return Served::Closed,
+                Some(Whole::Hyper) => {
+                    in_front(&head, &mut buf);
+                    return handoff(io, buf, cache);
+                }
+            };
             let head_request = request.method() == Method::HEAD;
             let version = request.version();
             // On the heap while the request runs: its state (~3 KB) would otherwise stay in
@@ -227,6 +254,91 @@ pub(crate) async fn serve(
     }
 }
 
+/// Where the reading of a body has got to.
+enum BodyRead {
+    /// All of the body is the read buffer's first this many bytes, once they are there.
+    Length(usize),
+    Chunked(Chunks),
+}
+
+/// What one look at the read buffer found of a body.
+enum Step {
+    /// The body, taken off the front of the read buffer.
+    Read(bytes::Bytes),
+    /// More bytes are needed; a read should make room for this many.
+    More(usize),
+    /// hyper's to read (see [`Chunks`]).
+    Hyper,
+}
+
+impl BodyRead {
+    fn new(framing: BodyFraming) -> Self {
+        match framing {
+            BodyFraming::Length(n) => BodyRead::Length(n),
+            BodyFraming::Chunked => BodyRead::Chunked(Chunks::default()),
+        }
+    }
+
+    /// Look at what `buf` holds (the bytes after the head).
+    fn step(&mut self, buf: &mut BytesMut) -> Step {
+        match self {
+            BodyRead::Length(n) if buf.len() >= *n => Step::Read(buf.split_to(*n).freeze()),
+            BodyRead::Length(n) => Step::More(*n - buf.len()),
+            BodyRead::Chunked(chunks) => chunks.step(buf),
+        }
+    }
+}
+
+/// A chunked body, decoded as its bytes arrive (by the decoder of pods' chunked
+/// bodies, `http1::decode_chunked`) from a copy: the bytes as sent stay in the read
+/// buffer until the last chunk is in, so that a body that turns out to be hyper's is
+/// handed over whole, with its head: one whose encoding is longer than
+/// [`WHOLE_BODY_LIMIT`], a malformed one (hyper answers it), one with trailer fields
+/// (which hyper passes on, and a body read whole could not).
+#[derive(Default)]
+struct Chunks {
+    state: Chunked,
+    /// Bytes of the read buffer copied into `undecoded` so far.
+    copied: usize,
+    undecoded: BytesMut,
+    data: BytesMut,
+}
+
+impl Chunks {
+    fn step(&mut self, buf: &mut BytesMut) -> Step {
+        self.undecoded.extend_from_slice(&buf[self.copied..]);
+        self.copied = buf.len();
+        loop {
+            match crate::http1::decode_chunked(&mut self.state, &mut self.undecoded) {
+                Ok(Some(Decoded::Data(data))) => self.data.extend_from_slice(&data),
+                Ok(Some(Decoded::End(trailers))) if trailers.is_empty() => {
+                    buf.advance(self.copied - self.undecoded.len());
+                    return Step::Read(std::mem::take(&mut self.data).freeze());
+                }
+                Ok(None) if buf.len() < WHOLE_BODY_LIMIT => return Step::More(READ_SIZE),
+                Ok(_) | Err(_) => return Step::Hyper,
+            }
+        }
+    }
+}
+
+/// `request` with the body read whole. A chunked one goes on with its length instead
+/// (the pod is sent it with `Content-Length`; `Transfer-Encoding` is hop-by-hop).
+fn with_body(
+    request: Request<RequestBody>,
+    framing: BodyFraming,
+    data: bytes::Bytes,
+) -> Request<RequestBody> {
+    let mut request = request;
+    if framing == BodyFraming::Chunked {
+        let headers = request.headers_mut();
+        headers.remove(TRANSFER_ENCODING);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(data.len()));
+    }
+    *request.body_mut() = RequestBody::whole(data);
+    request
+}
+
 /// Answer a head httparse refuses with `400` and close. Not left to hyper: after a
 /// first read that ended mid-head, hyper parses again only once the buffer holds a head's
 /// end (CRLF CRLF or LF LF), which a head broken by a bare CR may never send; the client
@@ -239,15 +351,96 @@ async fn refuse_malformed(service: &ConnService, mut io: Watched<TcpStream>) -> 
     Served::Closed
 }
 
+/// Put `head` back in front of the bytes that followed it.
+fn in_front(head: &[u8], buf: &mut BytesMut) {
+    let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+    whole.extend_from_slice(head);
+    whole.extend_from_slice(buf);
+    *buf = whole;
+}
+
 fn handoff(mut io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Served {
     io.replay(buf.freeze());
     Served::Handoff { io, cache }
 }
 
-/// A request this loop serves, and whether the client lets the connection be reused.
+/// A request this loop serves, whether the client lets the connection be reused, how
+/// its body (still in the read buffer, or still to come) is framed, and its head, for
+/// hyper should the body turn out to be its to read.
 struct Native {
     request: Request<RequestBody>,
     keep_alive: bool,
+    body: BodyFraming,
+    head: bytes::Bytes,
+}
+
+/// How a request's body is delimited (RFC 9112 §6.3), in the forms this loop reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyFraming {
+    /// `Content-Length` (0, or none given: no body), at most [`WHOLE_BODY_LIMIT`].
+    Length(usize),
+    /// `Transfer-Encoding: chunked`, alone, on HTTP/1.1.
+    Chunked,
+}
+
+/// The framing a `Content-Length` or `Transfer-Encoding` field gives a request body, if
+/// it is one this loop reads: a single length up to [`WHOLE_BODY_LIMIT`], or `chunked`
+/// alone on HTTP/1.1. Anything else, a second such field included, is hyper's (lists,
+/// other codings, a length beside a coding: RFC 9112 §6.3 rules 3 to 5).
+fn body_framing(
+    seen: Option<BodyFraming>,
+    name: &HeaderName,
+    value: &[u8],
+    version: Version,
+) -> Result<BodyFraming, Unserved> {
+    if seen.is_some() {
+        return Err(Unserved::Other);
+    }
+    let value = value.trim_ascii();
+    if *name == CONTENT_LENGTH {
+        return crate::http1::parse_length(value)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= WHOLE_BODY_LIMIT)
+            .map(BodyFraming::Length)
+            .ok_or(Unserved::Other);
+    }
+    if version == Version::HTTP_11 && value.eq_ignore_ascii_case(b"chunked") {
+        return Ok(BodyFraming::Chunked);
+    }
+    Err(Unserved::Other)
+}
+
+/// What reading a request's body whole came to.
+enum Whole {
+    /// The body (empty if it has none); the read buffer starts at what follows it.
+    Read(bytes::Bytes),
+    /// The client closed first: the request goes nowhere.
+    Closed,
+    /// hyper's to read (see [`Chunks`]): every byte of it is still in the read buffer.
+    Hyper,
+}
+
+/// Read the body of a request into memory, whole, before the request is forwarded, so
+/// that a connection holds nothing of it once its answer is out, and the next request
+/// is read from exactly where the body ends. Bounded by the connection's header timeout,
+/// as the head before it (`client/conn.rs`: no request is in flight yet).
+async fn read_whole(
+    io: &mut Watched<TcpStream>,
+    buf: &mut BytesMut,
+    framing: BodyFraming,
+) -> Whole {
+    let mut body = BodyRead::new(framing);
+    loop {
+        let room = match body.step(buf) {
+            Step::Read(data) => return Whole::Read(data),
+            Step::Hyper => return Whole::Hyper,
+            Step::More(room) => room,
+        };
+        match std::future::poll_fn(|cx| io.poll_fill(cx, buf, room)).await {
+            Ok(0) | Err(_) => return Whole::Closed,
+            Ok(_) => {}
+        }
+    }
 }
 
 // Returned once per request and matched at once; boxing the request would cost an
@@ -298,6 +491,7 @@ struct Scanned {
     version: Version,
     method: Method,
     target: Range<usize>,
+    body: BodyFraming,
 }
 
 /// Parse the request head at the start of `buf`. On success the head is split off
@@ -327,6 +521,7 @@ fn parse_request(
         version,
         method,
         target,
+        body,
     } = match scanned {
         Ok(Some(scanned)) => scanned,
         Ok(None) => return Parse::Partial,
@@ -337,10 +532,7 @@ fn parse_request(
     // `http` refuses some targets httparse takes (longer than 65534 bytes, say): hyper
     // answers those, so the head goes back in front of what followed it.
     let give_back = |buf: &mut BytesMut| {
-        let mut whole = BytesMut::with_capacity(head.len() + buf.len());
-        whole.extend_from_slice(&head);
-        whole.extend_from_slice(buf);
-        *buf = whole;
+        in_front(&head, buf);
         Parse::NotNative
     };
     let Ok(uri) = Uri::from_maybe_shared(head.slice(target)) else {
@@ -369,6 +561,8 @@ fn parse_request(
     Parse::Request(Native {
         request,
         keep_alive,
+        body,
+        head,
     })
 }
 
@@ -399,6 +593,7 @@ fn scan<'b>(
         Some(1) => Version::HTTP_11,
         _ => return Err(Unserved::Other),
     };
+    let mut body = None;
     let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes())
         .map_err(|_| Unserved::Other)?;
     if method == Method::CONNECT {
@@ -417,27 +612,23 @@ fn scan<'b>(
         } else {
             HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| Unserved::Other)?
         };
-        let body_or_switch = name == TRANSFER_ENCODING
-            || name == EXPECT
-            || name == UPGRADE
-            || name == TE
-            || (name == CONTENT_LENGTH && header.value.trim_ascii() != b"0");
-        if body_or_switch {
+        if name == EXPECT || name == UPGRADE || name == TE {
             return Err(Unserved::Other);
+        }
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            body = Some(body_framing(body, &name, header.value, version)?);
         }
         fields.push(Field {
             name,
             value: offset(header.value),
         });
     }
-    if fields.iter().filter(|f| f.name == CONTENT_LENGTH).count() > 1 {
-        return Err(Unserved::Other);
-    }
     Ok(Some(Scanned {
         len,
         version,
         method,
         target,
+        body: body.unwrap_or(BodyFraming::Length(0)),
     }))
 }
 
@@ -462,20 +653,27 @@ pub fn parse_request_for_fuzzing(input: &[u8], max_headers: usize) -> (bool, usi
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum NativeRequest {
-    /// Served natively: the request as the service gets it (never with a body: one
-    /// with a body goes to hyper), whether the connection stays open after it, and how
-    /// many bytes of the input its head took.
+    /// Served natively: the request as the loop parsed it (with its body, read whole;
+    /// its header fields as the client sent them), whether the connection stays open
+    /// after it, and how many bytes of the input its head and body took.
     Served {
         /// The request.
         message: crate::http1::PlainMessage,
         /// Whether the loop reads another request after answering this one.
         keep_alive: bool,
-        /// Bytes of the input the head took; the rest stays buffered.
+        /// Bytes of the input the head and body took; the rest stays buffered.
         used: usize,
+    },
+    /// A complete head whose body the input does not hold whole: the loop reads on (or,
+    /// at the close, closes without forwarding the request).
+    UnfinishedBody {
+        /// The request as parsed, without its body.
+        message: crate::http1::PlainMessage,
     },
     /// No complete head yet: the loop reads on (or, at the close, closes).
     Partial,
-    /// Left to hyper, every byte of the input with it.
+    /// Left to hyper, every byte of the input with it (the head, or the body: see
+    /// `Chunks`).
     Handoff,
     /// Refused with `400` by the loop itself: httparse refuses the head.
     Invalid,
@@ -496,24 +694,29 @@ pub fn parse_request_for_differential(input: &[u8], max_headers: usize) -> Nativ
         Parse::Request(Native {
             request,
             keep_alive,
+            body,
+            ..
         }) => {
-            let body = match request.body() {
-                RequestBody::Empty => String::new(),
-                _ => "<a body the native loop cannot have>".to_string(),
+            let message = |body: &[u8]| crate::http1::PlainMessage {
+                start: [
+                    request.method().as_str().to_string(),
+                    request.uri().to_string(),
+                ],
+                version: request.version(),
+                headers: crate::http1::PlainMessage::fields_of(request.headers()),
+                body: body.escape_ascii().to_string(),
+                trailers: Vec::new(),
             };
-            NativeRequest::Served {
-                message: crate::http1::PlainMessage {
-                    start: [
-                        request.method().as_str().to_string(),
-                        request.uri().to_string(),
-                    ],
-                    version: request.version(),
-                    headers: crate::http1::PlainMessage::fields_of(request.headers()),
-                    body,
-                    trailers: Vec::new(),
+            match BodyRead::new(body).step(&mut buf) {
+                Step::Read(body) => NativeRequest::Served {
+                    message: message(&body),
+                    keep_alive,
+                    used: input.len() - buf.len(),
                 },
-                keep_alive,
-                used: input.len() - buf.len(),
+                Step::More(_) => NativeRequest::UnfinishedBody {
+                    message: message(b""),
+                },
+                Step::Hyper => NativeRequest::Handoff,
             }
         }
     }
@@ -948,8 +1151,12 @@ mod tests {
     #[test]
     fn bodies_switches_and_oddities_go_to_hyper_with_nothing_consumed() {
         for head in [
-            &b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"[..],
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            &b"POST / HTTP/1.1\r\nContent-Length: 16385\r\n\r\nabc"[..],
+            b"POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
             b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
             b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
