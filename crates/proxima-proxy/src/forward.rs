@@ -258,7 +258,8 @@ pub(crate) fn attempt<'a>(
             return Box::pin(by_h2(to, req, keep, sent)).await;
         }
         let resendable = req.body().is_end_stream() && is_idempotent(req.method());
-        let native = matches!(req.body(), RequestBody::Empty);
+        // Bodies in memory go as the head does; a client's streamed body, through hyper.
+        let native = matches!(req.body(), RequestBody::Empty | RequestBody::Whole(_));
         let mut stale = 0;
         loop {
             let pooled = if stale < MAX_STALE {
@@ -294,7 +295,14 @@ pub(crate) fn attempt<'a>(
             let sender = match held {
                 Held::Parked(socket) if native => {
                     sent.store(true, Ordering::Relaxed);
-                    match http1::exchange(socket, &req, pool.max_response_headers()).await {
+                    match http1::exchange(
+                        socket,
+                        &req,
+                        req.body().whole_bytes(),
+                        pool.max_response_headers(),
+                    )
+                    .await
+                    {
                         Ok(response) => {
                             return match first_frame(response.map(Rest::Native), deadline).await {
                                 Ok((response, at)) => {

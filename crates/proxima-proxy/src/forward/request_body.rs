@@ -104,6 +104,14 @@ impl RequestBody {
         })
     }
 
+    /// The bytes of a body read whole; none for any other.
+    pub(crate) fn whole_bytes(&self) -> &[u8] {
+        match self {
+            RequestBody::Whole(whole) => &whole.data,
+            _ => &[],
+        }
+    }
+
     /// A new reading of this body from its start, if it is recorded and within the
     /// limit (the attempt that had it is over, or will read no more).
     pub(crate) fn again(&self) -> Option<Self> {

@@ -186,17 +186,20 @@ pub(crate) fn is_connection_break(error: &io::Error) -> bool {
     )
 }
 
-/// Send `req`'s head on `stream` (its body is not sent: the caller passes only
-/// body-less requests) and read the response head. The body is read as it is polled.
+/// Send `req`'s head and `body` on `stream` and read the response head. `body` is the
+/// whole of the request's body (none, or one read whole, whose length the head says):
+/// `req`'s own body is not sent. The response body is read as it is polled.
 pub(crate) async fn exchange<B>(
     stream: TcpStream,
     req: &Request<B>,
+    body: &[u8],
     max_headers: usize,
 ) -> Result<Response<NativeBody>, H1Error> {
-    // The head is written into the thread's scratch buffer, given back after the write
-    // (a future dropped meanwhile just frees it).
+    // Head and body are written from the thread's scratch buffer in one write, the
+    // buffer given back after it (a future dropped meanwhile just frees it).
     let mut head = HEAD_SCRATCH.with(Cell::take);
     encode_head(req, &mut head);
+    head.extend_from_slice(body);
     let written = write_all(&stream, &head).await;
     if head.capacity() <= MAX_SCRATCH {
         head.clear();
@@ -249,7 +252,8 @@ thread_local! {
 const MAX_SCRATCH: usize = 16 * 1024;
 
 /// The request line and header fields, as hyper's client writes them: origin-form
-/// target, HTTP/1.1, fields in order; no `Transfer-Encoding`, since no body follows.
+/// target, HTTP/1.1, fields in order; no `Transfer-Encoding`: a body that follows is
+/// whole, and its `Content-Length` says how long.
 fn encode_head<B>(req: &Request<B>, out: &mut Vec<u8>) {
     let target = req
         .uri()
@@ -1917,7 +1921,7 @@ mod tests {
             let (addr, go) = pod(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi", later).await;
             let stream = TcpStream::connect(addr).await.unwrap();
             let req = Request::builder().uri("/").body(()).unwrap();
-            let mut body = exchange(stream, &req, 10).await.unwrap().into_body();
+            let mut body = exchange(stream, &req, &[], 10).await.unwrap().into_body();
             let frame = std::future::poll_fn(|cx| body.poll_frame(cx)).await;
             assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "hi");
             assert!(body.is_end_stream());
@@ -1950,7 +1954,7 @@ mod tests {
         });
         let stream = TcpStream::connect(addr).await.unwrap();
         let req = Request::builder().uri("/").body(()).unwrap();
-        let response = exchange(stream, &req, 10).await.unwrap();
+        let response = exchange(stream, &req, &[], 10).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()["x-a"], "1");
         let mut body = response.into_body();
@@ -1991,7 +1995,7 @@ mod tests {
         async fn first_frame_of(addr: std::net::SocketAddr, fill: u8) -> Bytes {
             let stream = TcpStream::connect(addr).await.unwrap();
             let req = Request::builder().uri("/").body(()).unwrap();
-            let mut body = exchange(stream, &req, 10).await.unwrap().into_body();
+            let mut body = exchange(stream, &req, &[], 10).await.unwrap().into_body();
             let mut frames = Vec::new();
             while let Some(frame) = std::future::poll_fn(|cx| body.poll_frame(cx)).await {
                 frames.push(frame.unwrap().into_data().unwrap());

@@ -724,7 +724,9 @@ mod tests {
                     panic!("worker 2 did not adopt the parked socket");
                 };
                 let req = http::Request::get("/").body(()).unwrap();
-                let response = crate::http1::exchange(socket, &req, 100).await.unwrap();
+                let response = crate::http1::exchange(socket, &req, &[], 100)
+                    .await
+                    .unwrap();
                 response.status()
             })
         })
