@@ -394,6 +394,66 @@ async fn connections_whose_requests_have_bodies_park_and_resume_exactly_where_th
     assert_eq!(parked().await, (CLIENTS - 1) as f64);
 }
 
+/// A client that waits for `100 Continue` before its body (curl does, for bodies over
+/// 1 KiB) is asked for it by the proxy's own loop, and its connection then parks as any
+/// other; with curl itself, the body arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_expecting_100_continue_are_asked_for_their_body_and_park() {
+    let dir = TempDir::new("park-continue");
+    let pod = backend("pod").await;
+    let proxima = start(&dir, &[("api", pod.addr())], &[]).await;
+    let reading = "r".repeat(2000);
+    let mut client = TcpStream::connect(proxima.proxy).await.unwrap();
+    for _ in 0..2 {
+        let head = format!(
+            "POST /echo HTTP/1.1\r\nhost: x\r\nx-service: api\r\nexpect: 100-continue\r\n\
+             content-length: {}\r\n\r\n",
+            reading.len()
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+        let mut asked = vec![0u8; interim.len()];
+        tokio::time::timeout(PATIENCE, client.read_exact(&mut asked))
+            .await
+            .expect("asked for the body")
+            .unwrap();
+        assert_eq!(asked, interim);
+        client.write_all(reading.as_bytes()).await.unwrap();
+        let (status, body) = read_answer(&mut client).await;
+        assert!(status.starts_with("http/1.1 200"), "{status}");
+        assert_eq!(body, reading.as_bytes());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = admin_text(proxima.admin, "/metrics").await;
+        if metric(&text, "proxima_client_connections_parked ") == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the connection did not park");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let file = dir.0.join("reading");
+    std::fs::write(&file, &reading).unwrap();
+    let url = format!("http://{}/echo", proxima.proxy);
+    let curl = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-sS", "-H", "x-service: api", "--data-binary"])
+            .arg(format!("@{}", file.display()))
+            .arg(url)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("curl runs");
+    assert!(
+        curl.status.success(),
+        "{}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&curl.stdout), reading);
+}
+
 // ---- 2. stale keep-alive connections ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@
 //! Anything else goes to hyper for the rest of the connection, with the bytes read so far
 //! replayed in front of the socket ([`Watched::replay`]): a larger body, or one framed
 //! otherwise (a list of lengths, a coding besides `chunked`, both fields, trailer
-//! fields, a malformed chunk), `Expect`, `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface,
+//! fields, a malformed chunk), an `Expect` other than `100-continue` before a body (which
+//! the loop answers itself), `Upgrade`, `TE`, `CONNECT`, an HTTP/2 preface,
 //! a head that does not parse or that outgrows the read limit. hyper then behaves
 //! exactly as if it had had the connection from the start, answers included (its own
 //! `400`/`431`/`414`, which `client/conn.rs` dresses as JSON). The native loop never
@@ -181,12 +182,13 @@ pub(crate) async fn serve(
                 request,
                 keep_alive,
                 body,
+                expects_continue,
                 head,
             } = parsed;
             // On the heap, as the answer below: only requests with a body pay for it.
             let read = match body {
                 BodyFraming::Length(0) => None,
-                _ => Some(Box::pin(read_whole(&mut io, &mut buf, body)).await),
+                _ => Some(Box::pin(read_whole(&mut io, &mut buf, body, expects_continue)).await),
             };
             let request = match read {
                 None => request,
@@ -292,9 +294,9 @@ impl BodyRead {
 /// A chunked body, decoded as its bytes arrive (by the decoder of pods' chunked
 /// bodies, `http1::decode_chunked`) from a copy: the bytes as sent stay in the read
 /// buffer until the last chunk is in, so that a body that turns out to be hyper's is
-/// handed over whole, with its head: one whose encoding is longer than
-/// [`WHOLE_BODY_LIMIT`], a malformed one (hyper answers it), one with trailer fields
-/// (which hyper passes on, and a body read whole could not).
+/// handed over whole, with its head: one longer than [`WHOLE_BODY_LIMIT`] (or whose
+/// encoding is, while it is incomplete), a malformed one (hyper answers it), one with
+/// trailer fields (which hyper passes on, and a body read whole could not).
 #[derive(Default)]
 struct Chunks {
     state: Chunked,
@@ -310,7 +312,11 @@ impl Chunks {
         self.copied = buf.len();
         loop {
             match crate::http1::decode_chunked(&mut self.state, &mut self.undecoded) {
-                Ok(Some(Decoded::Data(data))) => self.data.extend_from_slice(&data),
+                Ok(Some(Decoded::Data(data)))
+                    if self.data.len() + data.len() <= WHOLE_BODY_LIMIT =>
+                {
+                    self.data.extend_from_slice(&data)
+                }
                 Ok(Some(Decoded::End(trailers))) if trailers.is_empty() => {
                     buf.advance(self.copied - self.undecoded.len());
                     return Step::Read(std::mem::take(&mut self.data).freeze());
@@ -322,14 +328,16 @@ impl Chunks {
     }
 }
 
-/// `request` with the body read whole. A chunked one goes on with its length instead
-/// (the pod is sent it with `Content-Length`; `Transfer-Encoding` is hop-by-hop).
+/// `request` with the body read whole, and no expectation left (the proxy met it). A
+/// chunked one goes on with its length instead (the pod is sent it with
+/// `Content-Length`; `Transfer-Encoding` is hop-by-hop).
 fn with_body(
     request: Request<RequestBody>,
     framing: BodyFraming,
     data: bytes::Bytes,
 ) -> Request<RequestBody> {
     let mut request = request;
+    request.headers_mut().remove(EXPECT);
     if framing == BodyFraming::Chunked {
         let headers = request.headers_mut();
         headers.remove(TRANSFER_ENCODING);
@@ -365,12 +373,15 @@ fn handoff(mut io: Watched<TcpStream>, buf: BytesMut, cache: TargetCache) -> Ser
 }
 
 /// A request this loop serves, whether the client lets the connection be reused, how
-/// its body (still in the read buffer, or still to come) is framed, and its head, for
-/// hyper should the body turn out to be its to read.
+/// its body (still in the read buffer, or still to come) is framed and whether the
+/// client waits to be asked for it, and its head, for hyper should the body turn out to
+/// be its to read.
 struct Native {
     request: Request<RequestBody>,
     keep_alive: bool,
     body: BodyFraming,
+    /// The client waits for `100 Continue` before it sends the body (RFC 9110 §10.1.1).
+    expects_continue: bool,
     head: bytes::Bytes,
 }
 
@@ -424,10 +435,14 @@ enum Whole {
 /// that a connection holds nothing of it once its answer is out, and the next request
 /// is read from exactly where the body ends. Bounded by the connection's header timeout,
 /// as the head before it (`client/conn.rs`: no request is in flight yet).
+///
+/// A client that waits for `100 Continue` is sent it once the body is needed, as nginx
+/// does: the proxy takes the body itself, so the pod never sees the expectation.
 async fn read_whole(
     io: &mut Watched<TcpStream>,
     buf: &mut BytesMut,
     framing: BodyFraming,
+    mut expects_continue: bool,
 ) -> Whole {
     let mut body = BodyRead::new(framing);
     loop {
@@ -436,6 +451,12 @@ async fn read_whole(
             Step::Hyper => return Whole::Hyper,
             Step::More(room) => room,
         };
+        if std::mem::take(&mut expects_continue) {
+            let interim = &mut [IoSlice::new(b"HTTP/1.1 100 Continue\r\n\r\n")];
+            if write_all(io, interim).await.is_err() {
+                return Whole::Closed;
+            }
+        }
         match std::future::poll_fn(|cx| io.poll_fill(cx, buf, room)).await {
             Ok(0) | Err(_) => return Whole::Closed,
             Ok(_) => {}
@@ -492,6 +513,8 @@ struct Scanned {
     method: Method,
     target: Range<usize>,
     body: BodyFraming,
+    /// `Expect: 100-continue`, on a request with a body.
+    expects_continue: bool,
 }
 
 /// Parse the request head at the start of `buf`. On success the head is split off
@@ -522,6 +545,7 @@ fn parse_request(
         method,
         target,
         body,
+        expects_continue,
     } = match scanned {
         Ok(Some(scanned)) => scanned,
         Ok(None) => return Parse::Partial,
@@ -562,6 +586,7 @@ fn parse_request(
         request,
         keep_alive,
         body,
+        expects_continue,
         head,
     })
 }
@@ -594,6 +619,7 @@ fn scan<'b>(
         _ => return Err(Unserved::Other),
     };
     let mut body = None;
+    let mut expects_continue = false;
     let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes())
         .map_err(|_| Unserved::Other)?;
     if method == Method::CONNECT {
@@ -612,8 +638,20 @@ fn scan<'b>(
         } else {
             HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| Unserved::Other)?
         };
-        if name == EXPECT || name == UPGRADE || name == TE {
+        if name == UPGRADE || name == TE {
             return Err(Unserved::Other);
+        }
+        if name == EXPECT {
+            let continue_only = !expects_continue
+                && version == Version::HTTP_11
+                && header
+                    .value
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"100-continue");
+            if !continue_only {
+                return Err(Unserved::Other);
+            }
+            expects_continue = true;
         }
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
             body = Some(body_framing(body, &name, header.value, version)?);
@@ -623,12 +661,18 @@ fn scan<'b>(
             value: offset(header.value),
         });
     }
+    let body = body.unwrap_or(BodyFraming::Length(0));
+    // Nothing to continue with: hyper's to answer, as before.
+    if expects_continue && body == BodyFraming::Length(0) {
+        return Err(Unserved::Other);
+    }
     Ok(Some(Scanned {
         len,
         version,
         method,
         target,
-        body: body.unwrap_or(BodyFraming::Length(0)),
+        body,
+        expects_continue,
     }))
 }
 
@@ -1160,6 +1204,9 @@ mod tests {
             b"GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
             b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
             b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+            b"POST / HTTP/1.1\r\nExpect: 100-continue, x\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
             b"GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
             b"CONNECT svc:80 HTTP/1.1\r\n\r\n",
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
@@ -1205,6 +1252,64 @@ mod tests {
         let parsed = parse_request(&mut buf, 40_000, &mut Vec::new(), &SERVICE_HEADER);
         assert!(matches!(parsed, Parse::NotNative));
         assert!(buf[..] == *many.as_bytes());
+    }
+
+    /// The body the loop reads for `input`'s first request, and the bytes left after it.
+    fn body_of(input: &[u8]) -> Option<(String, usize)> {
+        match parse_request_for_differential(input, 100) {
+            NativeRequest::Served { message, used, .. } => Some((message.body, input.len() - used)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn small_bodies_are_read_whole_and_the_next_request_starts_where_they_end() {
+        let next = b"GET /next HTTP/1.1\r\n\r\n";
+        for (request, body) in [
+            (&b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"[..], "abc"),
+            (b"POST / HTTP/1.0\r\nContent-Length: 003\r\n\r\nabc", "abc"),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2;x=y\r\nab\r\n1\r\nc\r\n0\r\n\r\n",
+                "abc",
+            ),
+            (b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n", ""),
+            (
+                b"PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\nabc",
+                "abc",
+            ),
+        ] {
+            let mut input = request.to_vec();
+            input.extend_from_slice(next);
+            assert_eq!(
+                body_of(&input),
+                Some((body.to_string(), next.len())),
+                "{:?}",
+                request.escape_ascii().to_string()
+            );
+        }
+        // A body not all there yet: the loop reads on.
+        let partial = b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\nabc";
+        assert!(matches!(
+            parse_request_for_differential(partial, 100),
+            NativeRequest::UnfinishedBody { .. }
+        ));
+        // Trailer fields, a malformed chunk, an encoding over the limit: hyper's, whole.
+        let long = format!(
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+            WHOLE_BODY_LIMIT + 1,
+            "x".repeat(WHOLE_BODY_LIMIT + 1)
+        );
+        for input in [
+            &b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: 1\r\n\r\n"
+                [..],
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            long.as_bytes(),
+        ] {
+            assert!(matches!(
+                parse_request_for_differential(input, 100),
+                NativeRequest::Handoff
+            ));
+        }
     }
 
     fn framed(
