@@ -927,7 +927,11 @@ pub(crate) fn persistent(version: Version, headers: &HeaderMap) -> bool {
     for value in headers.get_all(CONNECTION) {
         let more = connection_options(value.as_bytes());
         options.close |= more.close;
-        options.keep_alive |= more.keep_alive;
+        // A value with obs-text is no list of tokens (RFC 9110 §5.5, §7.6.1): its `close`
+        // is honoured, as closing is always allowed (RFC 9112 §9.6), but not its
+        // `keep-alive`, which would keep an HTTP/1.0 connection open on a value nobody
+        // can read (hyper ignores the whole value).
+        options.keep_alive |= more.keep_alive && value.to_str().is_ok();
     }
     options.persistent(version)
 }

@@ -1174,6 +1174,13 @@ mod tests {
             (b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", true),
             (b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", false),
             (b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", true),
+            // A value with obs-text is no list of tokens: its keep-alive does not count,
+            // its close does (closing is always allowed).
+            (
+                b"GET / HTTP/1.0\r\nConnection: \xe9close, keep-alive\r\n\r\n",
+                false,
+            ),
+            (b"GET / HTTP/1.1\r\nConnection: \xe9x, close\r\n\r\n", false),
         ] {
             let Parse::Request(native) = parse(head).0 else {
                 panic!("{head:?} not native")
