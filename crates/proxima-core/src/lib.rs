@@ -6,6 +6,8 @@
 //! [`Router::pick`] an endpoint and reports each attempt with [`Router::record`].
 //!
 //! * [`model`]: services, endpoints, nodes, updates.
+//! * [`coordinates`]: network coordinates (Vivaldi): predicted RTTs between any two
+//!   nodes from a bounded number of measurements.
 //! * [`settings`]: per-service SLO and strategy settings, parsed once for files and
 //!   annotations alike.
 //! * [`estimator`]: per-endpoint response-time estimator.
@@ -20,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod coordinates;
 pub mod endpoint;
 pub mod environment;
 pub mod estimator;
