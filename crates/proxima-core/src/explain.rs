@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::endpoint::{unanswered_limit, Admission, EvictionCause};
+use crate::environment::{Environment, RttSource};
 use crate::router::{Router, ServiceRoute};
 
 /// The `/debug/pools` document: this proxy's view of every node and service.
@@ -25,14 +26,17 @@ pub struct NodeExplain {
     pub name: String,
     /// Zone (`topology.kubernetes.io/zone`), if known.
     pub zone: Option<String>,
-    /// Smoothed round-trip time from this node (`null`: unknown or stale).
+    /// Round-trip time from this node: smoothed measurement, else predicted by network
+    /// coordinates (`null`: neither).
     pub rtt_ms: Option<f64>,
+    /// Where `rtt_ms` comes from: `measured` or `coordinates`.
+    pub rtt_from: Option<RttSource>,
     /// CPU in use as a fraction of the node's allocatable CPU (1.0 = all; may exceed it);
     /// `null`: unknown or stale.
     pub cpu: Option<f64>,
     /// Memory in use as a fraction of the node's allocatable memory (as `cpu`).
     pub ram: Option<f64>,
-    /// Age of the latency reading, ms.
+    /// Age of the reading `rtt_ms` comes from (the latency, or the node's coordinate), ms.
     pub rtt_age_ms: Option<f64>,
     /// Age of the usage reading, ms.
     pub usage_age_ms: Option<f64>,
@@ -229,20 +233,21 @@ impl Router {
             table.nodes.keys().map(String::as_str).collect();
         names.extend(env.latency.keys().map(String::as_str));
         names.extend(env.usage.keys().map(String::as_str));
+        names.extend(env.coordinates.keys().map(String::as_str));
         let nodes = names
             .into_iter()
             .map(|name| {
                 let usage = env.usage(name, now);
+                let rtt = env.rtt_estimate(name, now);
                 NodeExplain {
                     name: name.to_string(),
                     zone: table.nodes.get(name).and_then(|n| n.zone.clone()),
-                    rtt_ms: env.latency(name, now).map(ms),
+                    rtt_ms: rtt.map(|(d, _)| ms(d)),
+                    rtt_from: rtt.map(|(_, from)| from),
                     cpu: usage.map(|u| u.cpu),
                     ram: usage.map(|u| u.ram),
-                    rtt_age_ms: env
-                        .latency
-                        .get(name)
-                        .map(|r| ms(now.saturating_duration_since(r.at))),
+                    rtt_age_ms: rtt_age(&env, name, rtt.map(|(_, from)| from))
+                        .map(|at| ms(now.saturating_duration_since(at))),
                     usage_age_ms: env
                         .usage
                         .get(name)
@@ -261,10 +266,27 @@ impl Router {
     }
 }
 
+/// When the reading an RTT of `from` was taken from was taken (the latency reading
+/// unless it was predicted).
+fn rtt_age(env: &Environment, node: &str, from: Option<RttSource>) -> Option<Instant> {
+    match from {
+        Some(RttSource::Coordinates) => env.coordinates.get(node).map(|r| r.at),
+        _ => env.latency.get(node).map(|r| r.at),
+    }
+}
+
+/// Words for an RTT predicted rather than measured, empty when measured.
+fn predicted_by_coordinates(env: &Environment, node: Option<&str>, now: Instant) -> &'static str {
+    match node.and_then(|n| env.rtt_estimate(n, now)) {
+        Some((_, RttSource::Coordinates)) => " (predicted by network coordinates)",
+        _ => "",
+    }
+}
+
 fn explain_route(
     route: &ServiceRoute,
     now: Instant,
-    env: &crate::environment::Environment,
+    env: &Environment,
     local_node: Option<&str>,
 ) -> ServiceExplain {
     let s = route.settings();
@@ -328,7 +350,8 @@ fn explain_route(
                 let mut base = match admission {
                     Admission::Warming if too_far(i).is_some() => {
                         format!(
-                            "initial estimate: its node's RTT from here plus {} ({}ms in all) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
+                            "initial estimate: its node's RTT from here{} plus {} ({}ms in all) exceeds the {}ms SLO; kept out of the pool until its node comes closer",
+                            predicted_by_coordinates(env, ep.endpoint.node.as_deref(), now),
                             processing_from(i),
                             too_far(i).map_or(0.0, ms),
                             ms(s.latency_slo)

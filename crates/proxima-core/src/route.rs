@@ -335,7 +335,7 @@ impl Route {
     /// round-trip time from this proxy plus the service's `processing` time
     /// ([`Self::processing_estimate`], when known) exceeds the SLO, cannot meet it and
     /// is not tried. Returns that prediction. Endpoints on this node, without a node, or
-    /// without a fresh RTT reading are given the benefit of the doubt; a measured one is
+    /// without an RTT (measured or predicted) are given the benefit of the doubt; a measured one is
     /// judged on its measurements.
     pub fn too_far(
         &self,
@@ -356,7 +356,8 @@ impl Route {
     }
 
     /// The round-trip time from this proxy to the endpoint's node: 0 on this node, the
-    /// fresh reading otherwise, `None` when there is none (or no node).
+    /// fresh reading otherwise, else the one its network coordinates predict
+    /// ([`Environment::rtt_estimate`]); `None` when there is neither (or no node).
     fn rtt(
         &self,
         index: usize,
@@ -368,7 +369,7 @@ impl Route {
         if Some(node) == local_node {
             return Some(Duration::ZERO);
         }
-        env.latency(node, now)
+        env.rtt_estimate(node, now).map(|(rtt, _)| rtt)
     }
 
     /// How long this service's pods take to answer once a request reaches them, as this

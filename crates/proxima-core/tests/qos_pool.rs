@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use proxima_core::coordinates::Coordinate;
+use proxima_core::environment::RttSource;
 use proxima_core::{
     Conditions, Endpoint, Outcome, PickError, PoolChange, PortRef, Reason, Router, ServiceKey,
     ServicePort, ServiceSettings, ServiceSpec, Update,
@@ -771,6 +773,45 @@ fn the_initial_estimate_keeps_pods_on_too_distant_nodes_out_of_the_pool() {
         env.set_latency("node-1", ms(20), t0 + Duration::from_secs(60));
     });
     assert_eq!(pool_ids(&router), ["pod-0", "pod-1", "pod-2"]);
+}
+
+#[test]
+fn network_coordinates_stand_in_for_rtts_never_measured() {
+    let t0 = Instant::now();
+    let router = router_with(3, slo80(), t0); // pod-i on node-i; this proxy on node-0
+    let at = |x_ms: f64| Coordinate {
+        vec: vec![x_ms / 1000.0, 0.0],
+        height: 0.0,
+        error: 0.2,
+        adjustment: 0.0,
+    };
+    router.update_environment(|env| {
+        env.local_coordinate = Some(at(0.0));
+        env.set_coordinate("node-1", at(20.0), t0);
+        env.set_coordinate("node-2", at(100.0), t0); // predicted 100 ms > 80 ms SLO
+    });
+    assert_eq!(pool_ids(&router), ["pod-0", "pod-1"]);
+    let explain = router.explain(t0);
+    let far = explain.services[0]
+        .endpoints
+        .iter()
+        .find(|e| e.id == "pod-2")
+        .unwrap();
+    assert!(
+        far.reason.contains("predicted by network coordinates"),
+        "{}",
+        far.reason
+    );
+    let node2 = explain.nodes.iter().find(|n| n.name == "node-2").unwrap();
+    assert_eq!(node2.rtt_from, Some(RttSource::Coordinates));
+    assert_eq!(node2.rtt_ms, Some(100.0));
+    // A measurement, where there is one, wins over the prediction.
+    router.update_environment(|env| env.set_latency("node-2", ms(30), t0 + ms(10)));
+    assert_eq!(pool_ids(&router), ["pod-0", "pod-1", "pod-2"]);
+    let explain = router.explain(t0 + ms(10));
+    let node2 = explain.nodes.iter().find(|n| n.name == "node-2").unwrap();
+    assert_eq!(node2.rtt_from, Some(RttSource::Measured));
+    assert_eq!(node2.rtt_ms, Some(30.0));
 }
 
 /// Services `svc-0` … with `pods` never-measured endpoints each: every one is due its
