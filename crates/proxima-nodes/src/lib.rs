@@ -24,24 +24,22 @@
 //! on average. The nodes the strategies need stay fresh as long as they number fewer
 //! than the bound per `max_age / 2`; the rest of the cluster is measured in rotation.
 //!
-//! ## Thousands of nodes: network coordinates (not implemented)
+//! ## Hundreds of nodes: network coordinates
 //!
 //! Past a few hundred nodes most peers are probed rarely, so most latencies would be
-//! missing or old. The remedy, as proxy-mity does with Vivaldi (Dabek et al., SIGCOMM
-//! 2004), is a synthetic coordinate per node: a point in a low-dimensional Euclidean
-//! space plus a "height" for the access link, such that the distance between two
-//! coordinates predicts their RTT. Each proxy would keep its own coordinate and a
-//! confidence; after every probe it moves its coordinate along the line to the peer's,
-//! by an amount proportional to the prediction error weighted by the two confidences.
-//! The ping reply would carry the answering node's coordinate and confidence (a few
-//! more numbers in [`ping::PingReply`]), and proxies would also gossip the coordinates
-//! they hold of others (a bounded, recent subset per reply), so every proxy learns
-//! coordinates for every node after a few rounds, with each proxy still probing only its
-//! bounded sample. In this design the prober would keep measured EWMAs for the nodes it
-//! samples and fill the environment's latency of every other node with the RTT its
-//! coordinate predicts (dated by the coordinate's age, so staleness still works), which
-//! strategies read as they read measured latency; the sampling tiers stay as they are,
-//! and random probes doubling as the coordinate system's training samples.
+//! missing or old. Each proxy therefore also keeps a network coordinate (Vivaldi,
+//! Dabek et al., SIGCOMM 2004, with Serf's refinements; [`proxima_core::coordinates`]):
+//! a point in an 8-dimensional space plus a height for the access link, such that the
+//! distance between two coordinates predicts their RTT. Every probe the prober already
+//! makes trains it: the ping reply carries the answering node's coordinate, and the RTT
+//! sample moves this node's own. Replies also relay up to eight coordinates the answering
+//! node knows of others, in turn ([`coordinates`]), so every proxy learns a coordinate for
+//! every node within a few rounds while still probing only its bounded sample. The
+//! prober publishes them into the environment next to the measured latencies;
+//! [`Environment::rtt_estimate`](proxima_core::Environment::rtt_estimate) gives the
+//! measured RTT where it is fresh and the prediction elsewhere, and the QoS pool's
+//! initial estimate reads it. `docs/results/coordinates.md` measures the prediction error
+//! on the testbed's generated matrices (`proxima-testbed coordinates`).
 //!
 //! # Usage: metrics.k8s.io, or the peers' own reports
 //!
@@ -60,6 +58,7 @@
 
 #![warn(missing_docs)]
 
+pub mod coordinates;
 pub mod metrics;
 pub mod metrics_server;
 pub mod ping;
@@ -69,6 +68,7 @@ pub mod sample;
 pub mod share;
 pub mod usage;
 
+pub use coordinates::NodeCoordinates;
 pub use metrics::NodeGauges;
 pub use metrics_server::MetricsServerSource;
 pub use ping::{LocalNode, PingReply};
@@ -82,4 +82,12 @@ pub(crate) fn ticker(period: std::time::Duration) -> tokio::time::Interval {
     let mut ticker = tokio::time::interval(period.max(std::time::Duration::from_millis(10)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker
+}
+
+/// Read the time a reading was taken from its age in a reply (usage, relayed
+/// coordinates), on this clock; wall clocks of different nodes are never compared.
+pub(crate) fn dated(received: std::time::Instant, age_ms: Option<u64>) -> std::time::Instant {
+    age_ms
+        .and_then(|ms| received.checked_sub(std::time::Duration::from_millis(ms)))
+        .unwrap_or(received)
 }

@@ -13,6 +13,11 @@
 //! reading the reply; `pods` (left out when empty) is what the proxy knows about pods,
 //! for its neighbours (see [`crate::share`]). `PUT /node/usage` with `{"cpu": f, "ram": f}` (or `null` to clear)
 //! overrides the reported usage when the proxy runs with `--allow-usage-override`.
+//!
+//! A proxy that keeps network coordinates ([`crate::coordinates`]) also answers with its
+//! own (`coordinate`, in ms) and up to eight it knows of other nodes (`gossip`: each
+//! `{"node", "coordinate", "age_ms"}`). Both fields are left out when empty, and read as
+//! empty when absent, so proxies with and without them probe each other.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +29,7 @@ use proxima_core::environment::UsageReading;
 use proxima_core::Usage;
 use serde::{Deserialize, Serialize};
 
+use crate::coordinates::{GossipEntry, NodeCoordinates, WireCoordinate};
 use crate::share::WirePod;
 use crate::usage::{is_plausible, FixedUsage, UsageSource};
 
@@ -71,6 +77,13 @@ pub struct PingReply {
     /// proxies that share nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<WirePod>,
+    /// The answering node's network coordinate (absent from proxies that keep none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinate: Option<WireCoordinate>,
+    /// Coordinates of other nodes the answering node knows, at most
+    /// [`MAX_GOSSIP`](crate::coordinates::MAX_GOSSIP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gossip: Vec<GossipEntry>,
 }
 
 /// This proxy's node, as it answers peers.
@@ -82,6 +95,8 @@ pub struct LocalNode {
     usage_override: Option<FixedUsage>,
     /// The pod reports of this round's replies, set by the peer prober each round.
     pods: RwLock<Arc<Vec<WirePod>>>,
+    /// This node's network coordinate and those it relays, when it keeps them.
+    coordinates: Option<Arc<NodeCoordinates>>,
 }
 
 /// Why `PUT /node/usage` was refused.
@@ -103,7 +118,20 @@ impl LocalNode {
             source,
             usage_override: None,
             pods: RwLock::default(),
+            coordinates: None,
         }
+    }
+
+    /// Answer with network coordinates from `coordinates` (which the prober, given this
+    /// node, keeps up to date).
+    pub fn with_coordinates(mut self, coordinates: Arc<NodeCoordinates>) -> Self {
+        self.coordinates = Some(coordinates);
+        self
+    }
+
+    /// The network coordinates this node keeps, if any.
+    pub fn coordinates(&self) -> Option<&Arc<NodeCoordinates>> {
+        self.coordinates.as_ref()
     }
 
     /// Accept `PUT /node/usage` overrides.
@@ -150,6 +178,13 @@ impl LocalNode {
     /// The reply to a ping, now.
     pub fn reply(&self) -> PingReply {
         let reading = self.usage();
+        let (coordinate, gossip) = match &self.coordinates {
+            Some(c) => {
+                let (own, gossip) = c.reply_fields(Instant::now());
+                (Some(own), gossip)
+            }
+            None => (None, Vec::new()),
+        };
         PingReply {
             node: self.name.clone(),
             usage: reading.map(|r| r.usage.into()),
@@ -158,6 +193,8 @@ impl LocalNode {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| millis(d.as_millis())),
             pods: Vec::clone(&self.pods.read().unwrap_or_else(|e| e.into_inner())),
+            coordinate,
+            gossip,
         }
     }
 
@@ -194,16 +231,10 @@ impl NodeEndpoints for LocalNode {
     }
 }
 
-/// Read the time a reading was taken from its age in a reply, on this clock.
-pub(crate) fn dated(received: Instant, age_ms: Option<u64>) -> Instant {
-    age_ms
-        .and_then(|ms| received.checked_sub(std::time::Duration::from_millis(ms)))
-        .unwrap_or(received)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dated;
 
     #[test]
     fn replies_carry_name_and_usage() {
@@ -226,6 +257,29 @@ mod tests {
         fixed.set(None);
         let reply: serde_json::Value = serde_json::from_slice(&node.ping()).unwrap();
         assert_eq!(reply["usage"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn replies_without_coordinates_still_parse_and_omit_them() {
+        let old_peer = br#"{"node": "w1", "usage": null, "at_ms": 1}"#;
+        let reply: PingReply = serde_json::from_slice(old_peer).unwrap();
+        assert_eq!(reply.coordinate, None);
+        assert!(reply.gossip.is_empty());
+        let without = LocalNode::new(Some("w1".into()), None).ping();
+        let text = String::from_utf8_lossy(&without);
+        assert!(
+            !text.contains("coordinate") && !text.contains("gossip"),
+            "{text}"
+        );
+        let coordinates = Arc::new(NodeCoordinates::new(
+            Some("w1".into()),
+            proxima_core::coordinates::VivaldiConfig::default(),
+            std::time::Duration::from_secs(30),
+            1,
+        ));
+        let with = LocalNode::new(Some("w1".into()), None).with_coordinates(coordinates);
+        let reply: PingReply = serde_json::from_slice(&with.ping()).unwrap();
+        assert_eq!(reply.coordinate.unwrap().vec_ms, vec![0.0; 8]);
     }
 
     #[test]

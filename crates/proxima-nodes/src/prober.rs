@@ -19,6 +19,13 @@
 //!    together with the peers' reported usage and this node's own usage when peer
 //!    reports are the usage source ([`PeerUsage`]), and expired readings are dropped.
 //!
+//! When this node keeps network coordinates (its [`LocalNode`] was given
+//! [`NodeCoordinates`]), every answer also moves this node's
+//! coordinate (the raw RTT sample and the peer's coordinate from the reply) and adds the
+//! coordinates the peer relayed; the round then publishes this node's coordinate and
+//! every fresh known one into the environment, where they predict the RTT of nodes
+//! without a fresh measurement ([`Environment::rtt_estimate`](proxima_core::Environment::rtt_estimate)).
+//!
 //! A peer that stops answering keeps its last reading until it is older than the
 //! environment's `max_age`; strategies then see no latency for it (they are written to
 //! work without one). Failures are counted per node in
@@ -45,8 +52,10 @@ use tokio::net::TcpStream;
 use tower::Service;
 use tracing::{debug, info};
 
+use crate::coordinates::NodeCoordinates;
+use crate::dated;
 use crate::metrics::NodeGauges;
-use crate::ping::{dated, LocalNode, PingReply};
+use crate::ping::{LocalNode, PingReply};
 use crate::sample::{self, ProbeHistory};
 use crate::share::{self, WirePod};
 use crate::usage::is_plausible;
@@ -381,6 +390,7 @@ impl PeerProber {
                     if self.failing.remove(&node) == Some(true) {
                         info!(node, addr = %peer.addr, "peer proxy answers again");
                     }
+                    self.learn_coordinates(&node, &answer);
                     if let Some(usage) = answer.reply.usage.map(Usage::from) {
                         if is_plausible(usage) {
                             let at = dated(answer.received, answer.reply.usage_age_ms);
@@ -412,6 +422,7 @@ impl PeerProber {
             .filter(|_| publish_usage)
             .and_then(|l| Some((l.name()?.to_string(), l.usage()?)));
         let now = Instant::now();
+        let coordinates = self.coordinates().map(|c| (c.own(), c.known(now)));
         self.router.update_environment(|env| {
             for (node, rtt, at) in latencies {
                 env.set_latency(node, rtt, at);
@@ -423,6 +434,10 @@ impl PeerProber {
                 if let Some((node, reading)) = local {
                     env.set_usage(node, reading.usage, reading.at);
                 }
+            }
+            if let Some((own, known)) = coordinates {
+                env.local_coordinate = Some(own);
+                env.coordinates = known.into_iter().collect();
             }
             let max_age = env.max_age;
             let fresh = |at: Instant| now.saturating_duration_since(at) <= max_age;
@@ -464,6 +479,24 @@ impl PeerProber {
         Some(heard)
     }
 
+    /// This node's network coordinates, when it keeps them.
+    fn coordinates(&self) -> Option<&Arc<NodeCoordinates>> {
+        self.local.as_ref()?.coordinates()
+    }
+
+    /// Feed `node`'s answer to the network coordinates, if this node keeps them.
+    fn learn_coordinates(&self, node: &str, answer: &Answer) {
+        let Some(coordinates) = self.coordinates() else {
+            return;
+        };
+        if let Some(peer) = &answer.reply.coordinate {
+            if let Err(e) = coordinates.observe(node, peer, answer.rtt, answer.received) {
+                debug!(node, "peer coordinate not used: {e}");
+            }
+        }
+        coordinates.learn(&answer.reply.gossip, answer.received);
+    }
+
     /// EWMA of the round-trip time to `node`, restarted when the last reading expired.
     fn smooth(&mut self, node: &str, sample: Duration, at: Instant, max_age: Duration) -> Duration {
         let alpha = self.config.smoothing.clamp(0.01, 1.0);
@@ -483,6 +516,9 @@ impl PeerProber {
         self.history.retain(|node, _| present(node));
         self.smoothed.retain(|node, _| present(node));
         self.failing.retain(|node, _| present(node));
+        if let Some(coordinates) = self.coordinates() {
+            coordinates.retain(&present, Instant::now());
+        }
         self.gauges.retain_nodes(present);
     }
 }

@@ -12,13 +12,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
 use proxima_admin::{AdminState, Readiness};
+use proxima_core::coordinates::VivaldiConfig;
+use proxima_core::environment::RttSource;
 use proxima_core::{
     Endpoint, Node, Router, ServiceKey, ServiceSettings, ServiceSpec, Update, Usage,
 };
 use proxima_emulate::DelayLink;
 use proxima_nodes::{
-    FixedUsage, LocalNode, NodeGauges, PeerProber, PeerUsage, ProbeError, ProberConfig,
-    ADMIN_PORT_LABEL,
+    FixedUsage, LocalNode, NodeCoordinates, NodeGauges, PeerProber, PeerUsage, ProbeError,
+    ProberConfig, ADMIN_PORT_LABEL,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -41,15 +43,32 @@ struct Peer {
 
 impl Peer {
     async fn start(node: &str, ip: &str, usage: Option<Usage>, allow_override: bool) -> Peer {
-        let listener = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0))
-            .await
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
         let usage = Arc::new(FixedUsage::new(usage));
         let mut local = LocalNode::new(Some(node.to_string()), Some(usage.clone()));
         if allow_override {
             local = local.allowing_override();
         }
+        Self::serve(node, ip, usage, local).await
+    }
+
+    /// A peer that keeps network coordinates.
+    async fn with_coordinates(node: &str, ip: &str) -> Peer {
+        let usage = Arc::new(FixedUsage::new(None));
+        let coordinates = Arc::new(NodeCoordinates::new(
+            Some(node.to_string()),
+            VivaldiConfig::default(),
+            Duration::from_secs(60),
+            node.len() as u64,
+        ));
+        let local = LocalNode::new(Some(node.to_string()), None).with_coordinates(coordinates);
+        Self::serve(node, ip, usage, local).await
+    }
+
+    async fn serve(node: &str, ip: &str, usage: Arc<FixedUsage>, local: LocalNode) -> Peer {
+        let listener = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
         let local = Arc::new(local);
         let state = Arc::new(AdminState {
             router: Arc::new(Router::new(Some(node.to_string()))),
@@ -439,6 +458,87 @@ async fn usage_overrides_and_the_fallback_switch() {
         })
     );
     assert!(env.usage("n3", Instant::now()).is_none());
+}
+
+/// A router on node `name` that knows `nodes`, without services.
+fn router_on(name: &str, nodes: Vec<Node>) -> Arc<Router> {
+    let router = Arc::new(Router::new(Some(name.into())));
+    router.apply(
+        [Update::Reset {
+            nodes,
+            services: vec![],
+        }],
+        Instant::now(),
+    );
+    router
+}
+
+fn unreachable(name: &str) -> Node {
+    Node {
+        name: name.into(),
+        zone: None,
+        labels: BTreeMap::new(),
+        addresses: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinates_of_a_node_never_probed_arrive_in_a_peers_replies() {
+    // n1 probes only n2; n2 and n3 probe each other. Every link delays 20 ms each way.
+    let n2 = Peer::with_coordinates("n2", "127.0.0.32").await;
+    let n3 = Peer::with_coordinates("n3", "127.0.0.33").await;
+    let me = Peer::with_coordinates("n1", "127.0.0.31").await;
+    let link = |to: SocketAddr, from: &'static str| async move {
+        DelayLink::spawn(format!("{from}:0").parse().unwrap(), to, LINK_DELAY)
+            .await
+            .unwrap()
+    };
+    let (to_n2_from_n1, to_n2_from_n3, to_n3) = (
+        link(n2.addr, "127.0.0.42").await,
+        link(n2.addr, "127.0.0.43").await,
+        link(n3.addr, "127.0.0.44").await,
+    );
+    let on_n1 = router_on(
+        "n1",
+        vec![node("n2", to_n2_from_n1.addr()), unreachable("n3")],
+    );
+    let on_n2 = router_on("n2", vec![node("n3", to_n3.addr())]);
+    let on_n3 = router_on("n3", vec![node("n2", to_n2_from_n3.addr())]);
+    let mut probers: Vec<PeerProber> = [(&on_n1, &me), (&on_n2, &n2), (&on_n3, &n3)]
+        .into_iter()
+        .map(|(router, peer)| {
+            let (p, _) = prober(router, &Registry::new(), ProberConfig::default());
+            p.with_local(peer.local.clone())
+        })
+        .collect();
+
+    let start = Instant::now();
+    let estimate = loop {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no trusted estimate of n3 in time"
+        );
+        let reports = futures_util::future::join_all(probers.iter_mut().map(|p| p.round())).await;
+        assert_eq!(reports[0].probed, ["n2"], "n1 never probes n3");
+        let now = Instant::now();
+        if let Some(estimate) = on_n1.environment().rtt_estimate("n3", now) {
+            break estimate;
+        }
+    };
+    let (rtt, source) = estimate;
+    assert_eq!(source, RttSource::Coordinates);
+    assert!(on_n1.environment().latency("n3", Instant::now()).is_none());
+    // n1 and n3 sit each 40 ms from n2: by the triangle inequality at most 80 ms apart.
+    assert!(rtt <= 4 * LINK_DELAY + Duration::from_millis(30), "{rtt:?}");
+    let measured = on_n1
+        .environment()
+        .rtt_estimate("n2", Instant::now())
+        .unwrap();
+    assert_eq!(measured.1, RttSource::Measured, "measured wins where fresh");
+    eprintln!(
+        "n1 -> n3 predicted {rtt:?}, n1 -> n2 measured {:?}",
+        measured.0
+    );
 }
 
 /// A proxy on `local` routing web-1 (on n2) and web-2 (on n1), three failures in a row

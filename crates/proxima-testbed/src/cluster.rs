@@ -45,13 +45,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proxima_admin::{AdminState, NodeEndpoints, Readiness};
+use proxima_core::coordinates::VivaldiConfig;
 use proxima_core::{Router, Usage};
 use proxima_discovery::FileWatcher;
 use proxima_emulate::{
     Backend, BackendConfig, Cpu, DelayLink, DelayMatrix, SourceDelayGate, BLACKHOLE,
 };
 use proxima_nodes::{
-    FixedUsage, LocalNode, NodeGauges, PeerProber, ProberConfig, ADMIN_PORT_LABEL,
+    FixedUsage, LocalNode, NodeCoordinates, NodeGauges, PeerProber, ProberConfig, ADMIN_PORT_LABEL,
 };
 use proxima_proxy::{Metrics, Proxy, ProxyConfig};
 use rand::rngs::SmallRng;
@@ -659,7 +660,15 @@ impl Cluster {
         let source = usage
             .clone()
             .map(|u| u as Arc<dyn proxima_nodes::UsageSource>);
-        let local = Arc::new(LocalNode::new(Some(name.clone()), source));
+        let coordinates = NodeCoordinates::new(
+            Some(name.clone()),
+            VivaldiConfig::default(),
+            router.environment().max_age,
+            hash_seed(self.scenario.seed, &name),
+        );
+        let local = Arc::new(
+            LocalNode::new(Some(name.clone()), source).with_coordinates(Arc::new(coordinates)),
+        );
         let readiness = Readiness::new();
         readiness.mark_synced();
         let admin = Arc::new(AdminState {

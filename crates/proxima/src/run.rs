@@ -380,6 +380,13 @@ impl NodeMeasurements {
         }
         let max_age = args.node_reading_max_age;
         router.update_environment(|env| env.max_age = max_age);
+        let coordinates = proxima_nodes::NodeCoordinates::new(
+            router.local_node().map(str::to_string),
+            proxima_core::coordinates::VivaldiConfig::default(),
+            max_age,
+            rand::random(),
+        );
+        let local = local.with_coordinates(Arc::new(coordinates));
         Ok(Self {
             local: Arc::new(local),
             proc_usage,
