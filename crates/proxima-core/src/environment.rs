@@ -70,9 +70,12 @@ pub enum RttSource {
 }
 
 /// A coordinate whose node believes its predictions wrong by more than this share is
-/// not used: a node that has just started sits at the origin and would predict almost
-/// zero to everyone.
-pub const COORDINATE_MAX_ERROR: f64 = 0.5;
+/// not used: a node that has just started sits at the origin, with the largest error
+/// (1.5), and would predict almost zero to everyone. Settled nodes stay well below it
+/// (`docs/results/coordinates.md`: median 0.3-0.4 on the testbed's matrices, whose
+/// random per-pair delays no embedding fits); a stricter bound left half the pairs
+/// without a prediction there for no gain in accuracy.
+pub const COORDINATE_MAX_ERROR: f64 = 1.0;
 
 /// Latency and usage per node name (see the module docs).
 #[derive(Clone, Debug)]
@@ -235,7 +238,7 @@ mod tests {
         env.set_coordinate("b", at(0.030, 0.2), t0);
         assert_eq!(env.rtt_estimate("b", t0), None, "this node just started");
         env.local_coordinate = Some(at(0.0, 0.2));
-        env.set_coordinate("c", at(0.030, 0.9), t0);
+        env.set_coordinate("c", at(0.030, 1.2), t0);
         assert_eq!(env.rtt_estimate("c", t0), None, "that node just started");
         assert!(env.rtt_estimate("b", t0).is_some());
     }
