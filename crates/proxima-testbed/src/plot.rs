@@ -15,6 +15,10 @@
 //!   run, one line per strategy over the variants and one per variant over the
 //!   strategies (proxy-mity Fig. 9, RAP Fig. 6, KubeEdge Fig. 7).
 //!
+//! * `coordinates.png` (`proxima-testbed coordinates`): the median and p90 relative
+//!   error of network coordinates' RTT predictions after each probe round, one line per
+//!   cluster size.
+//!
 //! Text is rendered with `ab_glyph` from a TrueType font found at run time
 //! (`PROXIMA_TESTBED_FONT`, else DejaVu Sans or Liberation Sans in their usual places);
 //! without one, plots are skipped with a message rather than drawn without labels.
@@ -759,6 +763,55 @@ fn strategy_label(r: &RunReport) -> String {
             .strip_prefix(v)
             .map_or(r.label.clone(), |s| s.trim().to_string()),
     }
+}
+
+/// The median and p90 prediction error of each run after every few rounds, one line
+/// per run (see [`crate::coordinates`]). `Ok(false)` with a message when no font is
+/// available.
+pub fn coordinate_errors(
+    path: &Path,
+    runs: &[crate::coordinates::SimReport],
+) -> Result<bool, TestbedError> {
+    if let Err(why) = font() {
+        eprintln!("plot skipped: {why}");
+        return Ok(false);
+    }
+    let rounds = runs.iter().map(|r| r.rounds.len()).max().unwrap_or(0);
+    // About fifteen points per line keeps the round labels legible.
+    let step = (rounds / 15).max(1);
+    let shown: Vec<usize> = (1..=rounds).filter(|r| *r == 1 || r % step == 0).collect();
+    let x: Vec<String> = shown.iter().map(|r| r.to_string()).collect();
+    let series = |pick: &dyn Fn(&crate::coordinates::RoundError) -> Option<f64>| {
+        runs.iter()
+            .map(|run| {
+                let label = format!("{} nodes (seed {})", run.options.nodes, run.options.seed);
+                let values = shown
+                    .iter()
+                    .map(|r| run.rounds.get(r - 1).and_then(pick).map(|v| v * 100.0))
+                    .collect();
+                (label, values)
+            })
+            .collect::<Vec<_>>()
+    };
+    let root = BitMapBackend::new(path, (1300, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((1, 2));
+    lines(
+        &panels[0],
+        "median relative error of predicted RTT, by round",
+        "median error (%)",
+        &x,
+        &series(&|e| e.all.median),
+    )?;
+    lines(
+        &panels[1],
+        "90th percentile relative error, by round",
+        "p90 error (%)",
+        &x,
+        &series(&|e| e.all.p90),
+    )?;
+    root.present().map_err(err)?;
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //!     --strategies qos-pool,round-robin,proximity:alpha=0.8 --out docs/results/qedgeproxy-static
 //! proxima-testbed check examples/scenarios/rap-delay.yaml
 //! proxima-testbed generate --nodes 12 --regions 3 --services 3 --seed 7 --out gen.yaml
+//! proxima-testbed coordinates --nodes 50,100,250 --seed 1,2,3 --plot coordinates.png
 //! ```
 
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use proxima_testbed::coordinates::{self, ErrorStats, SimOptions, SimReport};
 use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
 use proxima_testbed::{
@@ -77,6 +79,47 @@ enum Command {
     },
     /// Check a scenario file and show what it would run.
     Check { scenario: PathBuf },
+    /// Simulate the peer prober's rounds on generated latency matrices and report how
+    /// well network coordinates predict every pair's RTT, and what probes cost on the
+    /// wire (no process is started; see docs/results/coordinates.md).
+    Coordinates {
+        /// Cluster sizes, comma-separated (2 to 250 each).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<usize>,
+        /// Seeds, comma-separated: one run per size and seed.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        seed: Vec<u64>,
+        /// Regions of the generated topologies.
+        #[arg(long, default_value_t = 4)]
+        regions: usize,
+        /// Probe rounds per run.
+        #[arg(long, default_value_t = 60)]
+        rounds: usize,
+        /// Most peers probed per node and round (default: the prober's).
+        #[arg(long)]
+        peers_per_round: Option<usize>,
+        /// Largest random jitter added to an RTT sample, as a share of it.
+        #[arg(long, default_value_t = 0.05)]
+        jitter: f64,
+        /// Dimensions of the coordinates' Euclidean part.
+        #[arg(long)]
+        dimensions: Option<usize>,
+        /// Vivaldi's c_c (most one sample moves a coordinate).
+        #[arg(long)]
+        cc: Option<f64>,
+        /// Vivaldi's c_e (most one sample changes the error estimate).
+        #[arg(long)]
+        ce: Option<f64>,
+        /// Residuals averaged into each node's adjustment term (0: none).
+        #[arg(long)]
+        adjustment_window: Option<usize>,
+        /// Write the median and p90 error after every round to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Draw the error against rounds (first seed of each size) to this PNG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
     /// Write a random but valid scenario (every event kind once) to stdout or --out.
     Generate {
         #[arg(long)]
@@ -141,6 +184,117 @@ fn load(path: &std::path::Path) -> Result<ScenarioFile> {
     })
 }
 
+/// One simulation with a progress line on stderr every ten rounds.
+fn simulate_with_progress(options: &SimOptions) -> Result<(SimReport, ErrorStats)> {
+    let topology = coordinates::generated(options.nodes, options.regions, options.seed)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let started = std::time::Instant::now();
+    let label = format!("{} nodes, seed {}", options.nodes, options.seed);
+    let report = coordinates::simulate(options, &topology, &mut |e| {
+        if e.round % 10 == 0 || e.round == options.rounds {
+            eprintln!(
+                "{label}: round {}/{}, median error {}, {:.0}s",
+                e.round,
+                options.rounds,
+                percent(e.all.median),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    });
+    Ok((report, coordinates::class_baseline(&topology)))
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{:.1}%", v * 100.0))
+}
+
+fn share(part: usize, whole: usize) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+/// The results as a Markdown table, one row per run.
+fn coordinates_table(reports: &[(SimReport, ErrorStats)]) -> String {
+    let mut out = String::from(
+        "| nodes | seed | rounds | predicted pairs | median | p90 | not probed in 10 s: pairs | median | p90 | class baseline median | p90 | reply bytes (mean / max) | probe bytes per node per s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (r, baseline) in reports {
+        let Some(last) = r.last() else { continue };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} / {} | {:.0} |\n",
+            r.options.nodes,
+            r.options.seed,
+            last.round,
+            share(last.all.predicted, last.all.pairs),
+            percent(last.all.median),
+            percent(last.all.p90),
+            share(last.not_recent.pairs, last.all.pairs),
+            percent(last.not_recent.median),
+            percent(last.not_recent.p90),
+            percent(baseline.median),
+            percent(baseline.p90),
+            r.reply_bytes,
+            r.largest_reply,
+            r.bytes_per_node_per_second(),
+        ));
+    }
+    out.push_str(
+        "\n| nodes | seed | same zone: median | p90 | same region: median | p90 | other region: median | p90 | node error estimates: median | max |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (r, _) in reports {
+        let [zone, region, world] = &r.by_class;
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |\n",
+            r.options.nodes,
+            r.options.seed,
+            percent(zone.median),
+            percent(zone.p90),
+            percent(region.median),
+            percent(region.p90),
+            percent(world.median),
+            percent(world.p90),
+            r.node_errors.0,
+            r.node_errors.1,
+        ));
+    }
+    out
+}
+
+/// Every round of every run: nodes, seed, round, then median and p90 for all pairs,
+/// pairs not probed recently and pairs without a fresh measurement.
+fn coordinates_csv(reports: &[(SimReport, ErrorStats)]) -> String {
+    let mut out = String::from(
+        "nodes,seed,round,predicted,pairs,median,p90,not_recent_pairs,not_recent_median,not_recent_p90,unmeasured_pairs,unmeasured_median,unmeasured_p90\n",
+    );
+    let v = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.4}"));
+    for (r, _) in reports {
+        for e in &r.rounds {
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                r.options.nodes,
+                r.options.seed,
+                e.round,
+                e.all.predicted,
+                e.all.pairs,
+                v(e.all.median),
+                v(e.all.p90),
+                e.not_recent.pairs,
+                v(e.not_recent.median),
+                v(e.not_recent.p90),
+                e.unmeasured.pairs,
+                v(e.unmeasured.median),
+                v(e.unmeasured.p90),
+            ));
+        }
+    }
+    out
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = std::process::Command::new("git").args(args).output().ok()?;
     out.status
@@ -173,6 +327,54 @@ async fn run(command: Command) -> Result<()> {
                 Some(path) => std::fs::write(&path, text)
                     .with_context(|| format!("cannot write {}", path.display()))?,
                 None => print!("{text}"),
+            }
+            Ok(())
+        }
+        Command::Coordinates {
+            nodes,
+            seed,
+            regions,
+            rounds,
+            peers_per_round,
+            jitter,
+            dimensions,
+            cc,
+            ce,
+            adjustment_window,
+            csv,
+            plot,
+        } => {
+            let mut reports = Vec::new();
+            for n in &nodes {
+                for s in &seed {
+                    let mut options = SimOptions::new(*n, regions.min(*n), *s);
+                    options.rounds = rounds;
+                    options.jitter = jitter;
+                    options.peers_per_round = peers_per_round.unwrap_or(options.peers_per_round);
+                    let v = &mut options.vivaldi;
+                    v.dimensions = dimensions.unwrap_or(v.dimensions);
+                    v.cc = cc.unwrap_or(v.cc);
+                    v.ce = ce.unwrap_or(v.ce);
+                    v.adjustment_window = adjustment_window.unwrap_or(v.adjustment_window);
+                    reports.push(simulate_with_progress(&options)?);
+                }
+            }
+            println!("{}", coordinates_table(&reports));
+            if let Some(path) = csv {
+                std::fs::write(&path, coordinates_csv(&reports))
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+            if let Some(path) = plot {
+                let mut first_seed = std::collections::HashSet::new();
+                let shown: Vec<_> = reports
+                    .iter()
+                    .filter(|(r, _)| first_seed.insert(r.options.nodes))
+                    .map(|(r, _)| r.clone())
+                    .collect();
+                if plot::coordinate_errors(&path, &shown)? {
+                    eprintln!("wrote {}", path.display());
+                }
             }
             Ok(())
         }
