@@ -141,8 +141,8 @@ pub struct SimReport {
     /// After the last round, over pairs in the same zone, the same region, and
     /// different regions.
     pub by_class: [ErrorStats; 3],
-    /// After the last round, the median and largest of the nodes' own error estimates.
-    pub node_errors: (f64, f64),
+    /// The nodes' own coordinates after the last round.
+    pub nodes_after: NodeShape,
 }
 
 impl SimReport {
@@ -352,7 +352,7 @@ pub fn simulate(
         largest_reply: largest,
         probes_per_round: replies as f64 / n.max(1) as f64,
         by_class: by_class(options, topology, &nodes, end),
-        node_errors: node_errors(&nodes),
+        nodes_after: node_shape(&nodes),
     }
 }
 
@@ -379,14 +379,34 @@ fn by_class(
     classes.map(|(pairs, errors)| ErrorStats::of(pairs, errors))
 }
 
-/// The median and largest of the nodes' own error estimates.
-fn node_errors(nodes: &[SimNode]) -> (f64, f64) {
-    let mut errors: Vec<f64> = nodes.iter().map(|n| n.coordinates.own().error).collect();
-    errors.sort_by(f64::total_cmp);
-    (
-        errors.get(errors.len() / 2).copied().unwrap_or(0.0),
-        errors.last().copied().unwrap_or(0.0),
-    )
+/// What the nodes' own coordinates look like after the last round.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NodeShape {
+    /// Median of the nodes' own error estimates.
+    pub error_median: f64,
+    /// Largest of them.
+    pub error_max: f64,
+    /// Median height (the access-link part), seconds.
+    pub height_median: f64,
+    /// Median adjustment term, seconds.
+    pub adjustment_median: f64,
+}
+
+fn node_shape(nodes: &[SimNode]) -> NodeShape {
+    let own: Vec<_> = nodes.iter().map(|n| n.coordinates.own()).collect();
+    let sorted = |f: &dyn Fn(&proxima_core::coordinates::Coordinate) -> f64| {
+        let mut v: Vec<f64> = own.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
+    let errors = sorted(&|c| c.error);
+    NodeShape {
+        error_median: median(&errors),
+        error_max: errors.last().copied().unwrap_or(0.0),
+        height_median: median(&sorted(&|c| c.height)),
+        adjustment_median: median(&sorted(&|c| c.adjustment)),
+    }
 }
 
 fn node_index(name: &str) -> usize {

@@ -243,13 +243,13 @@ fn coordinates_table(reports: &[(SimReport, ErrorStats)]) -> String {
         ));
     }
     out.push_str(
-        "\n| nodes | seed | same zone: median | p90 | same region: median | p90 | other region: median | p90 | node error estimates: median | max |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| nodes | seed | same zone: median | p90 | same region: median | p90 | other region: median | p90 | node error estimates: median | max | median height | median adjustment |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (r, _) in reports {
         let [zone, region, world] = &r.by_class;
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} ms | {:.2} ms |\n",
             r.options.nodes,
             r.options.seed,
             percent(zone.median),
@@ -258,8 +258,10 @@ fn coordinates_table(reports: &[(SimReport, ErrorStats)]) -> String {
             percent(region.p90),
             percent(world.median),
             percent(world.p90),
-            r.node_errors.0,
-            r.node_errors.1,
+            r.nodes_after.error_median,
+            r.nodes_after.error_max,
+            r.nodes_after.height_median * 1e3,
+            r.nodes_after.adjustment_median * 1e3,
         ));
     }
     out
