@@ -206,6 +206,67 @@ pub fn generated(nodes: usize, regions: usize, seed: u64) -> Result<Topology, St
     })
 }
 
+/// A topology of the same shape as `generate`'s (nodes spread over `regions` regions
+/// in turn, two zones per region) whose delays come from places in a plane instead of
+/// independent draws per pair: regions 25-70 ms apart one way, zones within a region
+/// 5-15 ms apart, nodes within 1-2 ms of their zone's centre, plus an access link of
+/// 0.1-0.5 ms per node. It obeys the triangle inequality, as delays that follow
+/// geography mostly do, and so tells what the coordinates can do where a metric
+/// space fits.
+pub fn planar(nodes: usize, regions: usize, seed: u64) -> Topology {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut around = |centre: (f64, f64), from: f64, to: f64| {
+        let angle = rng.gen_range(0.0..std::f64::consts::TAU);
+        let r = rng.gen_range(from..to);
+        (centre.0 + r * angle.cos(), centre.1 + r * angle.sin())
+    };
+    // Region centres on a circle whose chord between neighbours is about 47 ms.
+    let radius = 0.047 / (2.0 * (std::f64::consts::PI / regions.max(2) as f64).sin());
+    let region_centre: Vec<(f64, f64)> = (0..regions)
+        .map(|r| {
+            let a = std::f64::consts::TAU * r as f64 / regions as f64;
+            (radius * a.cos(), radius * a.sin())
+        })
+        .collect();
+    let zone_centre: Vec<[(f64, f64); 2]> = region_centre
+        .iter()
+        .map(|c| [around(*c, 0.0025, 0.0075), around(*c, 0.0025, 0.0075)])
+        .collect();
+    let place: Vec<(usize, usize)> = (0..nodes)
+        .map(|i| (i % regions, (i / regions) % 2))
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+    let points: Vec<((f64, f64), f64)> = place
+        .iter()
+        .map(|(r, z)| {
+            let centre = zone_centre[*r][*z];
+            let angle = rng.gen_range(0.0..std::f64::consts::TAU);
+            let d = rng.gen_range(0.001..0.002) / 2.0;
+            let point = (centre.0 + d * angle.cos(), centre.1 + d * angle.sin());
+            (point, rng.gen_range(0.0001..0.0005))
+        })
+        .collect();
+    let one_way = points
+        .iter()
+        .map(|(a, access_a)| {
+            points
+                .iter()
+                .map(|(b, access_b)| {
+                    let d = (a.0 - b.0).hypot(a.1 - b.1);
+                    Duration::from_secs_f64(d + access_a + access_b)
+                })
+                .collect()
+        })
+        .collect();
+    Topology {
+        one_way,
+        place: place
+            .iter()
+            .map(|(r, z)| (Some(format!("r{r}")), Some(format!("r{r}-{z}"))))
+            .collect(),
+    }
+}
+
 /// The error of a predictor that knows, for each pair, only whether the two nodes share
 /// a zone, a region or neither, and predicts the median true RTT of that class: the
 /// generator draws each pair's delay at random within its class, which no predictor
@@ -493,6 +554,29 @@ fn environment_of(node: &SimNode, max_age: Duration, now: Instant) -> Environmen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_laid_out_in_a_plane_is_predicted_closely() {
+        let options = SimOptions {
+            rounds: 40,
+            ..SimOptions::new(20, 3, 1)
+        };
+        let topology = planar(options.nodes, options.regions, options.seed);
+        for i in 0..20 {
+            for j in (0..20).filter(|j| *j != i) {
+                let rtt = topology.rtt(i, j);
+                match topology.class(i, j) {
+                    0 => assert!(rtt < Duration::from_millis(8), "{i}-{j}: {rtt:?}"),
+                    2 => assert!(rtt > Duration::from_millis(50), "{i}-{j}: {rtt:?}"),
+                    _ => {}
+                }
+            }
+        }
+        let report = simulate(&options, &topology, &mut |_| {});
+        let last = report.last().unwrap();
+        let median = last.all.median.unwrap();
+        assert!(median < 0.1, "median relative error {median}: {last:?}");
+    }
 
     #[test]
     fn a_small_generated_cluster_is_predicted_well_and_cheaply() {

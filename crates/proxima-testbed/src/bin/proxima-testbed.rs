@@ -92,6 +92,11 @@ enum Command {
         /// Regions of the generated topologies.
         #[arg(long, default_value_t = 4)]
         regions: usize,
+        /// `generated`: the matrix `generate` writes (delays drawn per pair); `plane`:
+        /// the same zones and regions as places in a plane (delays obey the triangle
+        /// inequality).
+        #[arg(long, default_value = "generated")]
+        geometry: String,
         /// Probe rounds per run.
         #[arg(long, default_value_t = 60)]
         rounds: usize,
@@ -185,9 +190,13 @@ fn load(path: &std::path::Path) -> Result<ScenarioFile> {
 }
 
 /// One simulation with a progress line on stderr every ten rounds.
-fn simulate_with_progress(options: &SimOptions) -> Result<(SimReport, ErrorStats)> {
-    let topology = coordinates::generated(options.nodes, options.regions, options.seed)
-        .map_err(|e| anyhow::anyhow!(e))?;
+fn simulate_with_progress(options: &SimOptions, geometry: &str) -> Result<(SimReport, ErrorStats)> {
+    let topology = match geometry {
+        "generated" => coordinates::generated(options.nodes, options.regions, options.seed)
+            .map_err(|e| anyhow::anyhow!(e))?,
+        "plane" => coordinates::planar(options.nodes, options.regions, options.seed),
+        other => anyhow::bail!("--geometry: generated or plane, not {other:?}"),
+    };
     let started = std::time::Instant::now();
     let label = format!("{} nodes, seed {}", options.nodes, options.seed);
     let report = coordinates::simulate(options, &topology, &mut |e| {
@@ -336,6 +345,7 @@ async fn run(command: Command) -> Result<()> {
             nodes,
             seed,
             regions,
+            geometry,
             rounds,
             peers_per_round,
             jitter,
@@ -358,7 +368,7 @@ async fn run(command: Command) -> Result<()> {
                     v.cc = cc.unwrap_or(v.cc);
                     v.ce = ce.unwrap_or(v.ce);
                     v.adjustment_window = adjustment_window.unwrap_or(v.adjustment_window);
-                    reports.push(simulate_with_progress(&options)?);
+                    reports.push(simulate_with_progress(&options, &geometry)?);
                 }
             }
             println!("{}", coordinates_table(&reports));
