@@ -171,7 +171,13 @@ fn act_on_verdict(
         VerdictKind::Back => {
             out.probes_forward += usize::from(endpoint.state.probe_soon(verdict.at, now));
         }
-        kind if kind.location_free() && endpoint.state.suspect(verdict.at, now) => {
+        // Suspicion counts against the service's ejection cap, as this proxy's own
+        // ejections do: a fault every pod shares, or one pod's overload reported by
+        // every proxy at once, must not empty the pool through neighbours' reports.
+        kind if kind.location_free()
+            && route.out_for_failures() < route.ejection_cap()
+            && endpoint.state.suspect(verdict.at, now) =>
+        {
             out.suspected.push((
                 route.key().clone(),
                 endpoint.endpoint.id.clone(),

@@ -30,6 +30,10 @@
 //!   proxy's pool until one probe of this proxy's own answers within the SLO
 //!   ([`crate::EndpointState::suspected`]). A report older than this proxy's own last
 //!   answer says nothing new and is ignored.
+//! * **Suspicion is capped** with this proxy's own ejections by the service's
+//!   `qos-pool-max-ejection-percent` (Envoy's `max_ejection_percent`): an overloaded pod
+//!   that every proxy reports, or a fault every pod shares, must not empty every pool
+//!   at once through reports.
 //! * **A "back" verdict brings the next probe forward** for a pod this proxy has evicted;
 //!   it does not re-admit it.
 //! * **Newer and better-sampled knowledge wins** ([`Hearsay::merge`]): a processing

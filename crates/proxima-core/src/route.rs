@@ -312,6 +312,18 @@ impl Route {
             .count()
     }
 
+    /// Eligible endpoints out for consecutive failures or suspect on a neighbour's
+    /// failure report: what [`Self::ejection_cap`] bounds.
+    pub fn out_for_failures(&self) -> usize {
+        self.eligible
+            .iter()
+            .filter(|&&i| {
+                let state = &self.endpoints[i].state;
+                state.failure_ejected() || state.suspected()
+            })
+            .count()
+    }
+
     /// Whether the endpoint at `index` is due its first probe: never measured, and not
     /// too far by its node's round-trip time alone ([`Self::too_far`] without the
     /// processing time). A probe costs no client request, so an endpoint the prediction

@@ -900,7 +900,9 @@ impl Router {
         let state = picked.state();
         let may_eject = || {
             let _one_at_a_time = self.ejection.lock().unwrap_or_else(|e| e.into_inner());
-            if route.failure_ejected() < route.ejection_cap() {
+            // A suspect pod is counted already: its own ejection takes no second place.
+            let others = route.out_for_failures() - usize::from(state.suspected());
+            if others < route.ejection_cap() {
                 state.set_failure_ejected();
                 true
             } else {

@@ -240,3 +240,47 @@ fn a_failure_travels_two_hops_and_a_return_brings_probes_forward() {
     assert_eq!(a.hear(&[back], t3).probes_forward, 1);
     assert_eq!(a.due_probes(t3).len(), 1, "the probe is due now");
 }
+
+#[test]
+fn reports_never_take_more_pods_out_than_the_ejection_cap_allows() {
+    // Two pods, qos-pool-max-ejection-percent 50: one may be out for failures at a time,
+    // whoever saw them fail. node-a reports both failing (an overload every proxy sees,
+    // or a fault they share): one is suspect, the other keeps serving.
+    let t0 = Instant::now();
+    let b = proxy("node-b", t0);
+    traffic(&b, t0, 20, |_| ok(ms(6)));
+    let t1 = t0 + Duration::from_secs(10);
+    let heard = b.hear(
+        &[
+            report("pod-0", Some((ejected(), 100)), None),
+            report("pod-1", Some((ejected(), 100)), None),
+        ],
+        t1,
+    );
+    assert_eq!(heard.suspected.len(), 1, "{heard:?}");
+    assert_eq!(pool_of(&b, &key()).len(), 1);
+    // The suspect pod's own failures may still eject it: it holds its place already.
+    let suspect = &heard.suspected[0].1;
+    let table = b.table();
+    let route = &table.services[&key()];
+    assert!(route.state(route.index_of(suspect).unwrap()).suspected());
+    let mut t = t1;
+    for _ in 0..3 {
+        let Some(probe) = b.due_probes(t).into_iter().next() else {
+            t += ms(1_100);
+            continue;
+        };
+        b.finish_probe(probe, t, failed());
+        t += ms(1_100);
+    }
+    let explain = b.explain(t);
+    let out: Vec<_> = explain.services[0]
+        .endpoints
+        .iter()
+        .filter(|e| e.out_because.is_some())
+        .map(|e| e.id.clone())
+        .collect();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(&out[0], suspect, "ejected by its own failures");
+    assert_eq!(pool_of(&b, &key()).len(), 1);
+}
