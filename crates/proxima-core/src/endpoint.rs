@@ -998,13 +998,18 @@ impl EndpointState {
         true
     }
 
-    /// A neighbour saw it come back at `at`: if this proxy evicted it before that, its
-    /// next probe is due now rather than after its backoff (the probe still decides).
-    /// Returns whether the probe was brought forward.
+    /// A neighbour saw it come back at `at`: if this proxy ejected it for failures before
+    /// that, its next probe is due now rather than after its backoff (the probe still
+    /// decides). A latency eviction is left to its schedule: it depends on where this
+    /// proxy stands, and a neighbour's return says nothing about that. Returns whether
+    /// the probe was brought forward.
     pub(crate) fn probe_soon(&self, at: Instant, now: Instant) -> bool {
         let mut stats = self.lock();
-        let evicted_before =
-            matches!(stats.admission, Admission::Evicted { since, .. } if since < at);
+        let evicted_before = matches!(
+            stats.admission,
+            Admission::Evicted { since, cause, .. }
+                if since < at && cause != EvictionCause::Latency
+        );
         let later = stats.next_probe.is_some_and(|next| next > now);
         if evicted_before && later && !stats.probe_in_flight {
             stats.next_probe = Some(now);

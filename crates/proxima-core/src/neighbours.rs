@@ -34,8 +34,9 @@
 //!   `qos-pool-max-ejection-percent` (Envoy's `max_ejection_percent`): an overloaded pod
 //!   that every proxy reports, or a fault every pod shares, must not empty every pool
 //!   at once through reports.
-//! * **A "back" verdict brings the next probe forward** for a pod this proxy has evicted;
-//!   it does not re-admit it.
+//! * **A "back" verdict brings the next probe forward** for a pod this proxy ejected for
+//!   failures (not for latency, which depends on where it stands); it does not re-admit
+//!   it.
 //! * **Newer and better-sampled knowledge wins** ([`Hearsay::merge`]): a processing
 //!   estimate replaces the one held when it is newer and rests on at least half as many
 //!   samples, or when the one held is stale; the newest verdict wins.
