@@ -75,6 +75,18 @@ fn request(
     (id, picked.reason)
 }
 
+/// What `/debug/pools` says at `now` of the endpoint `id` of the first service.
+fn explained(router: &Router, now: Instant, id: &str) -> proxima_core::explain::EndpointExplain {
+    router
+        .explain(now)
+        .services
+        .swap_remove(0)
+        .endpoints
+        .into_iter()
+        .find(|e| e.id == id)
+        .unwrap_or_else(|| panic!("{id} explained"))
+}
+
 fn pool_ids(router: &Router) -> Vec<String> {
     common::pool_of(router, &key())
 }
@@ -498,15 +510,7 @@ fn history_belongs_to_name_and_address_so_a_recreated_pod_starts_fresh() {
         });
     }
     assert_eq!(pool_ids(&router), ["pod-0"]);
-    let samples = |router: &Router, id: &str| {
-        let explain = router.explain(t0 + ms(100));
-        explain.services[0]
-            .endpoints
-            .iter()
-            .find(|e| e.id == id)
-            .map(|e| e.samples)
-            .unwrap()
-    };
+    let samples = |router: &Router, id: &str| explained(router, t0 + ms(100), id).samples;
     let held = samples(&router, "pod-1");
     assert!(held > 0);
     // Only conditions, node and port change (same name and IP): the history stays.
@@ -745,12 +749,7 @@ fn the_initial_estimate_keeps_pods_on_too_distant_nodes_out_of_the_pool() {
         env.set_latency("node-2", ms(100), t0); // the RTT alone exceeds 80 ms
     });
     assert_eq!(pool_ids(&router), ["pod-0", "pod-1"]);
-    let explain = router.explain(t0);
-    let far = explain.services[0]
-        .endpoints
-        .iter()
-        .find(|e| e.id == "pod-2")
-        .unwrap();
+    let far = explained(&router, t0, "pod-2");
     assert!(far.reason.starts_with("initial estimate"), "{}", far.reason);
     let mut rng = SmallRng::seed_from_u64(14);
     for i in 0..200 {
@@ -791,12 +790,8 @@ fn network_coordinates_stand_in_for_rtts_never_measured() {
         env.set_coordinate("node-2", at(100.0), t0); // predicted 100 ms > 80 ms SLO
     });
     assert_eq!(pool_ids(&router), ["pod-0", "pod-1"]);
+    let far = explained(&router, t0, "pod-2");
     let explain = router.explain(t0);
-    let far = explain.services[0]
-        .endpoints
-        .iter()
-        .find(|e| e.id == "pod-2")
-        .unwrap();
     assert!(
         far.reason.contains("predicted by network coordinates"),
         "{}",
