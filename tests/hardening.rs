@@ -462,14 +462,11 @@ async fn requests_on_connections_the_pod_closed_while_idle_are_sent_again() {
     let served = Arc::new(AtomicUsize::new(0));
     let pod = raw_backend(Some(Duration::from_millis(200)), {
         let served = served.clone();
-        move |head, body| {
+        move |head, _| {
             if head.header("x-proxima-probe").is_none() {
                 served.fetch_add(1, Ordering::Relaxed);
             }
-            match head.method() {
-                "POST" => (ok(&String::from_utf8_lossy(body), ""), false),
-                _ => (ok("fine", ""), false),
-            }
+            (ok("fine", ""), false)
         }
     })
     .await;
@@ -479,22 +476,6 @@ async fn requests_on_connections_the_pod_closed_while_idle_are_sent_again() {
     for i in 0..100u64 {
         // Spaced around the pod's idle close, to race it.
         tokio::time::sleep(Duration::from_millis(190 + (i * 7) % 25)).await;
-        if i % 2 == 1 {
-            // A body read whole goes with its head, and again with it on a fresh
-            // connection.
-            let reading = format!("reading {i}");
-            let mut client = TcpStream::connect(proxima.proxy).await.unwrap();
-            let post = format!(
-                "POST / HTTP/1.1\r\nhost: x\r\nx-service: api\r\ncontent-length: {}\r\n\r\n{reading}",
-                reading.len()
-            );
-            client.write_all(post.as_bytes()).await.unwrap();
-            let (status, body) = read_answer(&mut client).await;
-            if !status.starts_with("http/1.1 200") || body != reading.as_bytes() {
-                failures.push(format!("#{i}: {status} {}", String::from_utf8_lossy(&body)));
-            }
-            continue;
-        }
         let reply = get(&http, &format!("http://{}/", proxima.proxy), Some("api")).await;
         if reply.status != StatusCode::OK {
             failures.push(format!("#{i}: {} {}", reply.status, reply.body));
