@@ -16,11 +16,14 @@
 //! * **Connect failures** (refused, unreachable, `connect-timeout`) and connections that
 //!   broke before the request was written: nothing reached the pod, so any request is
 //!   retried, its streaming body untouched. A pooled keep-alive connection that turns
-//!   out to be stale gives the request back (`try_send_request`) and the same endpoint
-//!   is tried on a fresh connection, without counting as a retry.
+//!   out to be stale gives the request back (`try_send_request`), or is found closed by
+//!   its pod just before a request that must not go twice is written on it
+//!   (`Held::closed_now`), and the same endpoint is tried on a fresh connection,
+//!   without counting as a retry.
 //! * **Failures after sending** (reset, protocol error): the request is replayed only
-//!   if its method is idempotent and it has no body, since the pod may have acted on
-//!   it; otherwise the client gets `502`.
+//!   if it is [`replayable`]: idempotent (by its method or an `Idempotency-Key`) with no
+//!   body or one read whole, since the pod may have acted on it; otherwise the client
+//!   gets `502`.
 //! * **Timeout**: the service's `timeout` bounds the whole request up to response
 //!   headers; when it passes the client gets `504` and nothing is retried.
 //!
@@ -45,6 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
@@ -216,12 +220,14 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(10);
 /// A pooled connection can turn out dead under the request: the pod closed it while idle
 /// (many servers do, without `Connection: close`), racing with the reuse. If nothing of
 /// the request was written, or the connection closed or was reset before any byte of a
-/// response and the request is body-less and idempotent, the request goes again to the
-/// same pod on a fresh connection. Neither counts against the pod: only the final
-/// result of the attempt is reported.
+/// response and the request is [`replayable`], the request goes again to the same pod
+/// on a fresh connection. A request that is not is first checked against a pooled
+/// socket's own state (`Held::closed_now`), so that a close the worker has not heard of
+/// yet costs it a connection, not a `502`. None of these counts against the pod: only
+/// the final result of the attempt is reported.
 ///
 /// `keep` asks for the request back when it fails after being sent, for a retry on
-/// another pod (a body-less idempotent request, see [`Proxy::forward`]). The native
+/// another pod (a [`replayable`] request, see [`Proxy::forward`]). The native
 /// exchange only borrows the request, so it costs nothing there; only hyper's client,
 /// which takes the request, needs a copy ([`Replay`]), made just before it sends.
 ///
@@ -257,7 +263,7 @@ pub(crate) fn attempt<'a>(
             };
             return Box::pin(by_h2(to, req, keep, sent)).await;
         }
-        let resendable = req.body().is_end_stream() && is_idempotent(req.method());
+        let resendable = replayable(&req);
         // Bodies in memory go as the head does; a client's streamed body, through hyper.
         let native = matches!(req.body(), RequestBody::Empty | RequestBody::Whole(_));
         let mut stale = 0;
@@ -267,6 +273,15 @@ pub(crate) fn attempt<'a>(
             } else {
                 None
             };
+            // A request that must not be sent twice is not written on a connection the
+            // pod has already closed, reset or written on: asked of the socket itself,
+            // since the pool's check reads readiness that can lag (`Held::closed_now`).
+            // Nothing was written, so the same pod gets it on another connection.
+            if !resendable && pooled.as_ref().is_some_and(Held::closed_now) {
+                debug!(%addr, "pooled connection closed by the pod before the request; trying another");
+                stale += 1;
+                continue;
+            }
             let fresh = pooled.is_none();
             let held = match pooled {
                 Some(held) => held,
@@ -397,7 +412,7 @@ enum ByHyper {
 struct Resend {
     /// The connection is new (a new one failing is the pod's failure).
     fresh: bool,
-    /// The request may be sent twice (idempotent, no body left to read).
+    /// The request may be sent twice ([`replayable`]).
     resendable: bool,
     /// The caller wants the request back if it fails after being sent (see
     /// [`attempt`]).
@@ -735,13 +750,63 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// What is needed to send a body-less request again. The header lines are kept as a
-/// list (one allocation; names and values are shared, not copied) and made into a map
-/// again only when the request is replayed, which is rare.
+/// The headers by which a client says that its pod deduplicates the request, whatever
+/// its method (draft-ietf-httpapi-idempotency-key-header; the second is the older
+/// spelling, which Go's `net/http` honours too).
+const IDEMPOTENCY_KEYS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
+
+/// Whether `req` may reach a pod twice: sent again after the pod may have acted on it.
+///
+/// This is the one rule for every replay after bytes of a request were written: on a
+/// fresh connection to the same pod when a reused one broke before any response byte
+/// (a pod's idle close racing with the reuse), and on another pod (`keep`). It holds
+/// when both
+///
+/// * the request is idempotent: by its method (RFC 9110 §9.2.2), or by an
+///   [`IDEMPOTENCY_KEYS`] header with a value, by which the client declares that a
+///   second copy does no harm (it would itself send the same request again with the
+///   same key; Go's `Transport.shouldRetryRequest` trusts the key in the same way);
+/// * and its body can be sent again as it was: none, or one the proxy read whole
+///   (`http1/serve.rs` reads bodies up to 16 KiB whole), never a client's stream.
+///
+/// Any other request that was written, even in part, is answered `502` if no answer
+/// came: RFC 9110 §9.2.2 and RFC 9112 §9.3.1 forbid replaying a non-idempotent request
+/// unless the proxy knows it was never applied, and a connection that breaks after the
+/// write cannot tell "closed before it saw the request" from "acted on it and died".
+/// What the proxy can know is that nothing was written ([`http1::H1Error::nothing_sent`],
+/// hyper giving the request back) or that the pod had closed the connection before the
+/// write (`Held::closed_now`, asked of the socket just before writing such a request):
+/// those are never sent, and go again whatever the method. What is left is a pod's FIN
+/// still in flight when the request is written (the one-way delay plus the
+/// microseconds between the check and the write), which stays a `502`.
+///
+/// A bound on how long a pooled connection may have been idle before such a request
+/// uses it was not taken: it would have to stay under the shortest idle timeout of the
+/// pods' servers (gunicorn 2 s, Node.js and uvicorn 5 s; nginx 75 s), which the proxy
+/// does not know, and every POST after a pause that long would pay a new connection,
+/// where the check costs one system call and leaves only that in-flight window.
+fn replayable(req: &Request<RequestBody>) -> bool {
+    let idempotent = is_idempotent(req.method())
+        || IDEMPOTENCY_KEYS.iter().any(|name| {
+            req.headers()
+                .get(*name)
+                .is_some_and(|value| !value.is_empty())
+        });
+    let body_again = req.body().is_end_stream() || matches!(req.body(), RequestBody::Whole(_));
+    idempotent && body_again
+}
+
+/// What is needed to send a request again: its head, and its body when the proxy read
+/// it whole (a request with any other body is not sent again, see [`replayable`]).
+/// The header lines are kept as a list (one allocation; names and values are shared,
+/// not copied) and made into a map again only when the request is replayed, which is
+/// rare.
 pub(crate) struct Replay {
     method: Method,
     uri: Uri,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body read whole, shared with the request's.
+    whole: Option<Bytes>,
 }
 
 impl Replay {
@@ -754,11 +819,15 @@ impl Replay {
                 .iter()
                 .map(|(name, value)| (name.clone(), value.clone()))
                 .collect(),
+            whole: req.body().whole_shared(),
         }
     }
 
     fn request(&self) -> Request<RequestBody> {
-        self.request_with(RequestBody::Empty)
+        self.request_with(match &self.whole {
+            Some(data) => RequestBody::whole(data.clone()),
+            None => RequestBody::Empty,
+        })
     }
 
     /// The request again, with `body`.
@@ -1199,7 +1268,7 @@ impl Proxy {
                 .then(|| crate::forward::grpc::timeout(req.headers()))
                 .flatten();
             prepare(&mut req, &client_ip);
-            let replayable = req.body().is_end_stream() && is_idempotent(req.method());
+            let replayable = replayable(&req);
 
             let mut tried: Vec<EndpointId> = Vec::new();
             let mut deadline: Option<Instant> = None;
@@ -1432,6 +1501,161 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    use crate::upstream::pool::PoolBounds;
+
+    /// A pool as the proxy's, with a 60 s idle timeout and metrics of its own.
+    fn pool() -> Arc<ConnPool> {
+        let registry = prometheus::Registry::new();
+        let metrics = crate::Metrics::new(&registry).unwrap();
+        let bounds = PoolBounds {
+            per_endpoint: 8,
+            total: 8,
+            buffered: 8,
+        };
+        Arc::new(ConnPool::new(
+            Duration::from_secs(60),
+            bounds,
+            None,
+            100,
+            metrics.pool(),
+            (100, Duration::from_secs(10)),
+        ))
+    }
+
+    /// `method /` with `body` read whole (as `http1/serve.rs` hands small bodies on)
+    /// and the extra `headers`.
+    fn request(
+        method: Method,
+        body: &'static str,
+        headers: &[(&str, &str)],
+    ) -> Request<RequestBody> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri("/")
+            .header("host", "api")
+            .header("content-length", body.len());
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.body(RequestBody::whole(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    /// One request as a blocking pod reads it: the head and the body its
+    /// `content-length` declares, as text.
+    fn read_request(stream: &mut std::net::TcpStream) -> String {
+        let mut data = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&data[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if data.len() >= end + 4 + length {
+                    return String::from_utf8_lossy(&data).into_owned();
+                }
+            }
+            let n = stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "the proxy closed before a whole request");
+            data.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// A POST taken from the pool onto a connection its pod closed while the worker was
+    /// busy (its reactor not polled since, so the runtime has not heard of the FIN)
+    /// goes on a fresh connection: nothing was written on the closed one, and the pod
+    /// gets the POST exactly once. Before the pooled socket was asked directly, the POST
+    /// was written on the closed connection and failed with `502`, since it may not be
+    /// sent twice.
+    #[test]
+    fn a_post_on_a_pooled_connection_its_pod_closed_unheard_goes_on_a_fresh_one() {
+        let pod = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = pod.local_addr().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let pool = pool();
+            let socket = pool
+                .connect_socket(addr, Duration::from_secs(5))
+                .await
+                .unwrap();
+            let (kept_alive, _) = pod.accept().unwrap();
+            // From here until the POST is written nothing awaits, so the runtime's
+            // reactor is not polled: a worker busy with other tasks.
+            drop(kept_alive);
+            let mut fin = libc::pollfd {
+                fd: socket.as_raw_fd(),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            };
+            // Wait (a bound, not a pause) until the pod's FIN is in the proxy's socket.
+            // SAFETY: one pollfd, for a socket open while it is borrowed here.
+            let arrived = unsafe { libc::poll(&mut fin, 1, 10_000) };
+            assert_eq!(arrived, 1, "the pod's close did not reach the socket");
+            pool.lease(addr, None).release_socket(Some(socket));
+
+            let answering = std::thread::spawn(move || {
+                let (mut stream, _) = pod.accept().unwrap();
+                let seen = read_request(&mut stream);
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .unwrap();
+                (seen, pod, stream)
+            });
+            let sent = AtomicBool::new(false);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let req = request(Method::POST, "reading 2", &[]);
+            let attempt = attempt(
+                &pool,
+                addr,
+                PortProtocol::Http1,
+                req,
+                deadline,
+                Duration::from_secs(5),
+                false,
+                &sent,
+            )
+            .await;
+            match &attempt {
+                Attempt::Response(response, ..) => assert_eq!(response.status(), 200),
+                Attempt::Failed(_, error, _) => panic!("failed: {error}"),
+                _ => panic!("neither answered nor failed"),
+            }
+            let (seen, pod, _stream) = answering.join().unwrap();
+            assert!(seen.starts_with("POST / HTTP/1.1\r\n"), "{seen}");
+            assert!(seen.ends_with("\r\n\r\nreading 2"), "{seen}");
+            // No third connection: the POST went once, on the fresh one.
+            pod.set_nonblocking(true).unwrap();
+            assert!(pod.accept().is_err(), "another connection came");
+        });
+    }
+
+    #[test]
+    fn what_may_reach_a_pod_twice() {
+        let with =
+            |method, body, headers: &[(&str, &str)]| replayable(&request(method, body, headers));
+        // Idempotent methods, with no body or one read whole.
+        assert!(with(Method::GET, "", &[]));
+        assert!(with(Method::PUT, "state", &[]));
+        // POST only with an idempotency key that has a value.
+        assert!(!with(Method::POST, "reading", &[]));
+        assert!(!with(Method::POST, "", &[]));
+        assert!(with(
+            Method::POST,
+            "reading",
+            &[("idempotency-key", "\"k-1\"")]
+        ));
+        assert!(with(Method::PATCH, "x", &[("x-idempotency-key", "k-2")]));
+        assert!(!with(Method::POST, "reading", &[("idempotency-key", "")]));
+    }
 
     #[test]
     fn idempotent_methods() {

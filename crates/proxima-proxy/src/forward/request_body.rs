@@ -112,6 +112,15 @@ impl RequestBody {
         }
     }
 
+    /// The bytes of a body read whole, shared (for sending it again); none for any
+    /// other.
+    pub(crate) fn whole_shared(&self) -> Option<Bytes> {
+        match self {
+            RequestBody::Whole(whole) => Some(whole.data.clone()),
+            _ => None,
+        }
+    }
+
     /// A new reading of this body from its start, if it is recorded and within the
     /// limit (the attempt that had it is over, or will read no more).
     pub(crate) fn again(&self) -> Option<Self> {

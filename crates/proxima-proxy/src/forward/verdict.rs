@@ -5,7 +5,7 @@
 //! |-------------------------------|---------------------------|-----------------------------------------|
 //! | response headers              | `Answered` / `GrpcAnswered` (a failure if the status or code is in the service's set) | the answer goes to the client |
 //! | nothing reached the pod       | `ConnectFailed`           | another pod (any request: nothing was sent), else `502` |
-//! | failed after sending, request kept (idempotent, no body) | `Failed` | another pod, else `502` |
+//! | failed after sending, request kept (`forward::replayable`: idempotent by method or key, no body or one read whole) | `Failed` | another pod, else `502` |
 //! | failed after sending, not kept | `Failed`                 | `502` now: the pod may have acted on it |
 //! | deadline passed               | `Failed` if it was sent   | `504` now                               |
 //! | the client's body broke       | nothing                   | `400` now                               |

@@ -152,6 +152,43 @@ impl Held {
             Held::Parked(_) => true,
         }
     }
+
+    /// Whether the pod has closed, reset or written on this connection, as the kernel
+    /// knows now: for a request that must not be sent twice, just before it is written
+    /// (see `forward::attempt`).
+    ///
+    /// [`is_closed`](Self::is_closed), which [`ConnPool::take`] asks, reads the runtime's
+    /// readiness, and that lags: a worker polls its reactor only between tasks (at the
+    /// latest every 61 of them) or when it has nothing to run, so a pod's FIN that came
+    /// while the worker was busy is in the socket but not yet known. On a loaded machine
+    /// that lag is milliseconds, long enough for a POST to be written on a connection its
+    /// pod closed before: one non-blocking `recv(MSG_PEEK)` (one system call, no bytes on
+    /// the wire) asks the socket itself. A connection hyper drives has no socket at hand
+    /// here; its own task's view is all there is.
+    pub(crate) fn closed_now(&self) -> bool {
+        match self {
+            Held::Ready(sender) => sender.is_closed(),
+            Held::Parked(stream) => {
+                use std::os::fd::AsRawFd;
+                let mut byte = 0u8;
+                // SAFETY: the descriptor is the socket's own, open while it is borrowed
+                // here, and the buffer is one byte that lives across the call. MSG_PEEK
+                // leaves whatever is queued where it is.
+                let read = unsafe {
+                    libc::recv(
+                        stream.as_raw_fd(),
+                        (&mut byte as *mut u8).cast(),
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
+                };
+                // 0: the pod's FIN; 1: bytes nobody asked for; -1: a reset, unless it is
+                // the would-block of an open, quiet connection.
+                read >= 0
+                    || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
