@@ -498,6 +498,158 @@ async fn requests_on_connections_the_pod_closed_while_idle_are_sent_again() {
     assert_eq!(endpoint["requests"], 100, "{endpoint:#}");
 }
 
+/// A client request as [`resetting_pod`] read it: on which of its connections (numbered
+/// in accept order), its path, and its body.
+#[derive(Clone, Debug, PartialEq)]
+struct Read {
+    connection: usize,
+    path: String,
+    body: String,
+}
+
+/// A pod that answers each request `200` with its body, keeping the connection, except
+/// the first request to each path under `/reset`: that one it reads whole (head and
+/// body), then resets the connection (`SO_LINGER` 0) without a byte of answer, as a pod
+/// that acted on a request and crashed would. It records every client request it read.
+async fn resetting_pod() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<Read>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reads = Arc::new(std::sync::Mutex::new(Vec::<Read>::new()));
+    let record = reads.clone();
+    tokio::spawn(async move {
+        let mut accepted = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let connection = accepted;
+            accepted += 1;
+            let record = record.clone();
+            tokio::spawn(async move {
+                while let Some(head) = read_head(&mut stream, None).await {
+                    let length: usize = head
+                        .header("content-length")
+                        .map_or(0, |n| n.parse().unwrap());
+                    let mut body = head.rest.clone();
+                    let mut chunk = [0u8; 4096];
+                    while body.len() < length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => body.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = String::from_utf8_lossy(&body).into_owned();
+                    if head.is_probe() {
+                        if stream.write_all(&ok("", "")).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let path = head.path().to_string();
+                    let first = {
+                        let mut reads = record.lock().unwrap();
+                        let first = !reads.iter().any(|r| r.path == path);
+                        reads.push(Read {
+                            connection,
+                            path: path.clone(),
+                            body: body.clone(),
+                        });
+                        first
+                    };
+                    if first && path.starts_with("/reset") {
+                        let _ = stream.set_zero_linger();
+                        return;
+                    }
+                    if stream.write_all(&ok(&body, "")).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, reads)
+}
+
+/// POST `body` to `path` on service `api`, head and body in one write (so the proxy's
+/// loop reads the body whole), with the `extra` header lines; the status line and body
+/// of the answer.
+async fn post(
+    proxy: std::net::SocketAddr,
+    path: &str,
+    body: &str,
+    extra: &str,
+) -> (String, String) {
+    let mut client = TcpStream::connect(proxy).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nx-service: api\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let (status, body) = read_answer(&mut client).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Wait until the proxy keeps one idle connection to its pod, so that the next request
+/// reuses it.
+async fn one_idle_connection(proxima: &Proxima) {
+    eventually("the pod connection back in the pool", || async {
+        let text = admin_text(proxima.admin, "/metrics").await;
+        (metric(&text, "proxima_upstream_idle_connections ") == 1.0).then_some(())
+    })
+    .await;
+}
+
+/// A pod that read a POST on a reused connection and reset it without answering may
+/// have acted on it: the client gets `502` and the pod saw the POST once. The same with
+/// an `Idempotency-Key`, by which the client says a second copy does no harm: the POST
+/// goes again on a fresh connection and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_the_pod_read_and_reset_is_sent_again_only_with_an_idempotency_key() {
+    let dir = TempDir::new("reset-post");
+    let (pod, reads) = resetting_pod().await;
+    let proxima = start(&dir, &[("api", pod)], &[]).await;
+    let reads = || reads.lock().unwrap().clone();
+
+    let (status, _) = post(proxima.proxy, "/warm", "first", "").await;
+    assert!(status.starts_with("http/1.1 200"), "{status}");
+    one_idle_connection(&proxima).await;
+    let (status, body) = post(proxima.proxy, "/reset-plain", "reading 1", "").await;
+    assert!(status.starts_with("http/1.1 502"), "{status} {body}");
+    assert!(body.contains("failed after the request was sent"), "{body}");
+    let warm = reads()[0].connection;
+    assert_eq!(
+        reads()[1..],
+        [Read {
+            connection: warm,
+            path: "/reset-plain".into(),
+            body: "reading 1".into()
+        }],
+        "the POST came on the reused connection, once"
+    );
+
+    let (status, _) = post(proxima.proxy, "/warm-again", "second", "").await;
+    assert!(status.starts_with("http/1.1 200"), "{status}");
+    one_idle_connection(&proxima).await;
+    let reused = reads().last().unwrap().connection;
+    let (status, body) = post(
+        proxima.proxy,
+        "/reset-keyed",
+        "reading 2",
+        "idempotency-key: \"k-2\"\r\n",
+    )
+    .await;
+    assert!(status.starts_with("http/1.1 200"), "{status} {body}");
+    assert_eq!(body, "reading 2");
+    let keyed: Vec<Read> = reads()
+        .into_iter()
+        .filter(|r| r.path == "/reset-keyed")
+        .collect();
+    assert_eq!(keyed.len(), 2, "{keyed:#?}");
+    assert_eq!(keyed[0].connection, reused, "{keyed:#?}");
+    assert_ne!(
+        keyed[1].connection, reused,
+        "sent again on a fresh connection"
+    );
+    assert!(keyed.iter().all(|r| r.body == "reading 2"), "{keyed:#?}");
+}
+
 // ---- 3. backend framing ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
