@@ -456,42 +456,95 @@ async fn clients_expecting_100_continue_are_asked_for_their_body_and_park() {
 
 // ---- 2. stale keep-alive connections ----
 
+/// A pod that closes its idle connections after 200 ms, without `Connection: close`,
+/// and requests spaced around that moment, to race it: GETs and POSTs whose bodies the
+/// proxy reads whole. A GET may go twice, so one that meets a connection closing under
+/// it is sent again on a fresh one and every GET is answered. A POST is not written on
+/// a connection the pod has already closed (the proxy asks the socket just before the
+/// write); one written just as the pod closes (its close still on the way, or the pod
+/// deciding to close as it arrives) may not be sent again, and gets `502`. So every
+/// POST reaches the pod at most once: answered, and read by the pod exactly once, or
+/// `502` and never read by the pod. How many took the `502` is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_connections_the_pod_closed_while_idle_are_sent_again() {
     let dir = TempDir::new("stale");
     let served = Arc::new(AtomicUsize::new(0));
+    let posts = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let pod = raw_backend(Some(Duration::from_millis(200)), {
         let served = served.clone();
-        move |head, _| {
+        let posts = posts.clone();
+        move |head, body| {
             if head.header("x-proxima-probe").is_none() {
                 served.fetch_add(1, Ordering::Relaxed);
             }
-            (ok("fine", ""), false)
+            match head.method() {
+                "POST" => {
+                    let body = String::from_utf8_lossy(body).into_owned();
+                    posts.lock().unwrap().push(body.clone());
+                    (ok(&body, ""), false)
+                }
+                _ => (ok("fine", ""), false),
+            }
         }
     })
     .await;
     let proxima = start(&dir, &[("api", pod)], &[]).await;
     let http = client();
     let mut failures = Vec::new();
+    let mut unsent = Vec::new();
     for i in 0..100u64 {
         // Spaced around the pod's idle close, to race it.
         tokio::time::sleep(Duration::from_millis(190 + (i * 7) % 25)).await;
+        if i % 2 == 1 {
+            let reading = format!("reading {i}");
+            let (status, body) = post(proxima.proxy, "/", &reading, "").await;
+            let read = posts
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|b| **b == reading)
+                .count();
+            if status.starts_with("http/1.1 200") && body == reading && read == 1 {
+                continue;
+            }
+            if status.starts_with("http/1.1 502")
+                && body.contains("failed after the request was sent")
+                && read == 0
+            {
+                let why = body.split("was sent: ").nth(1).unwrap_or_default();
+                unsent.push(format!(
+                    "#{i}: {}",
+                    why.split('"').next().unwrap_or_default()
+                ));
+                continue;
+            }
+            failures.push(format!(
+                "#{i}: {status} {body} (the pod read it {read} times)"
+            ));
+            continue;
+        }
         let reply = get(&http, &format!("http://{}/", proxima.proxy), Some("api")).await;
         if reply.status != StatusCode::OK {
             failures.push(format!("#{i}: {} {}", reply.status, reply.body));
         }
     }
+    eprintln!(
+        "{} of 50 POSTs written as the pod closed, never read by it, answered 502: {unsent:?}",
+        unsent.len()
+    );
     assert!(
         failures.is_empty(),
         "{} failed: {failures:#?}",
         failures.len()
     );
-    assert_eq!(served.load(Ordering::Relaxed), 100);
+    assert_eq!(served.load(Ordering::Relaxed), 100 - unsent.len());
     let metrics = admin_text(proxima.admin, "/metrics").await;
-    assert!(
-        !metrics.contains("proxima_upstream_errors_total{"),
-        "a stale connection counted against the pod:\n{metrics}"
-    );
+    if unsent.is_empty() {
+        assert!(
+            !metrics.contains("proxima_upstream_errors_total{"),
+            "a stale connection counted against the pod:\n{metrics}"
+        );
+    }
     let pools = admin_text(proxima.admin, "/debug/pools?service=api").await;
     let pools: Value = serde_json::from_str(&pools).unwrap();
     let endpoint = &pools["services"][0]["endpoints"][0];
