@@ -776,15 +776,22 @@ const IDEMPOTENCY_KEYS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
 /// What the proxy can know is that nothing was written ([`http1::H1Error::nothing_sent`],
 /// hyper giving the request back) or that the pod had closed the connection before the
 /// write (`Held::closed_now`, asked of the socket just before writing such a request):
-/// those are never sent, and go again whatever the method. What is left is a pod's FIN
-/// still in flight when the request is written (the one-way delay plus the
-/// microseconds between the check and the write), which stays a `502`.
+/// those are never sent, and go again whatever the method. What is left is a pod that
+/// closes as the request comes: its FIN still on the wire when the request is written
+/// (the one-way delay plus the microseconds between the check and the write), or its
+/// server deciding to close just as the request arrives, and then resetting the
+/// connection with the request unread. Neither can be told from a pod that read the
+/// request and died, so both stay a `502` (in `tests/hardening.rs`'s race against a
+/// 200 ms idle close on loopback, 2 POSTs in 950 under load, the one whose error was
+/// kept reset with the request unread).
 ///
 /// A bound on how long a pooled connection may have been idle before such a request
-/// uses it was not taken: it would have to stay under the shortest idle timeout of the
-/// pods' servers (gunicorn 2 s, Node.js and uvicorn 5 s; nginx 75 s), which the proxy
-/// does not know, and every POST after a pause that long would pay a new connection,
-/// where the check costs one system call and leaves only that in-flight window.
+/// uses it would avoid those too, but only under the shortest idle timeout of the pods'
+/// servers, which the proxy does not know (gunicorn 2 s, Node.js and uvicorn 5 s,
+/// nginx 75 s, Go's none by default); and every POST after a pause that long would pay
+/// a new connection (a handshake, a socket left in TIME_WAIT): for devices reporting
+/// every few seconds, nearly every POST. It was not taken; the check costs one system
+/// call per such request.
 fn replayable(req: &Request<RequestBody>) -> bool {
     let idempotent = is_idempotent(req.method())
         || IDEMPOTENCY_KEYS.iter().any(|name| {
