@@ -98,7 +98,7 @@ async fn proxies_measure_the_emulated_latency_between_nodes() {
     assert!(cluster.warm_up(Duration::from_secs(30)).await);
     for (node, other) in [(0, "b"), (1, "a")] {
         let rtt = cluster.nodes[node]
-            .router
+            .router()
             .environment()
             .latency(other, std::time::Instant::now())
             .expect("a fresh latency reading");
@@ -197,5 +197,89 @@ async fn grpc_calls_and_websocket_messages_are_balanced_by_the_qos_pool() {
     );
     let json = std::fs::read_to_string(out.join("results.json")).unwrap();
     assert!(json.contains(r#""protocol": "grpc""#), "{json}");
+    let _ = std::fs::remove_dir_all(&options.work_dir);
+}
+
+/// `proxy-restart` while a device sends: the new proxy takes over node a's sockets, so
+/// no connection is refused and the device's requests go on through the new proxy.
+/// The old one closes its idle keep-alive connections when it drains (as nginx does on
+/// a reload): a request written on one of them just then fails without an answer. That
+/// costs at most one request per connection the device holds (4), at the handover
+/// only; everything else succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_proxy_takes_over_its_sockets_and_the_device_goes_on() {
+    let text = SCENARIO
+        .replace(
+            "requests: 60, concurrency: 2",
+            "requests: 200, concurrency: 4, rate: 100",
+        )
+        .replace(
+            "{ name: T1, at: 30, do: [{ join: near }] }",
+            "{ name: T1, at: 30, do: [{ join: near }] }\n  \
+             - { name: R1, at: 80, do: [{ proxy-restart: a }] }\n  \
+             - { name: R2, at: 140, do: [{ proxy-restart: a }] }",
+        );
+    let file = ScenarioFile::parse(&text).unwrap();
+    let jobs = plan(&file, &[StrategySpec::parse("qos-pool").unwrap()], &[]).unwrap();
+    let options = options("restart");
+    let runs = run_jobs(jobs, 1, &options, None).await.unwrap();
+    let _ = std::fs::remove_dir_all(&options.work_dir);
+    let run = &runs[0];
+    assert_eq!(run.summary.requests, 200);
+    let names: Vec<&str> = run.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["T0", "T1", "R1", "R2"]);
+    for phase in &run.phases {
+        assert!(phase.summary.requests > 0, "{}", phase.name);
+    }
+    for (phase, restarted) in [(2, "R1"), (3, "R2")] {
+        let mine: Vec<_> = run.records.iter().filter(|r| r.phase == phase).collect();
+        let failed: Vec<_> = mine.iter().filter(|r| !r.succeeded()).collect();
+        assert!(failed.len() <= 4, "{restarted}: {failed:?}");
+        // Failed without an answer (a connection closed under it), not answered badly.
+        assert!(
+            failed.iter().all(|r| r.status == 0),
+            "{restarted}: {failed:?}"
+        );
+        // Only at the handover: the phase's later requests all succeed.
+        assert!(
+            mine.iter().skip(10).all(|r| r.succeeded()),
+            "{restarted}: {mine:?}"
+        );
+    }
+    let failed = run.records.iter().filter(|r| !r.succeeded());
+    assert!(
+        failed.clone().all(|r| r.phase >= 2),
+        "{:?}",
+        failed.collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacing_proxy_knows_nothing_but_what_its_first_peer_round_told_it() {
+    use proxima_testbed::scenario::Action;
+    let scenario = ScenarioFile::parse(SCENARIO).unwrap().variant("").unwrap();
+    let strategy = StrategySpec::parse("qos-pool").unwrap();
+    let options = options("replacing");
+    let cluster = Cluster::start(&scenario, &strategy, 6, &options.work_dir)
+        .await
+        .unwrap();
+    assert!(cluster.warm_up(Duration::from_secs(30)).await);
+    let old = cluster.nodes[0].router();
+    cluster.apply(&Action::ProxyRestart(0)).await.unwrap();
+    let new = cluster.nodes[0].router();
+    assert!(
+        !std::sync::Arc::ptr_eq(&old, &new),
+        "the proxy was not replaced"
+    );
+    // Its first round of peer probes ran before `apply` returned (before it served).
+    let now = std::time::Instant::now();
+    assert!(new.environment().latency("b", now).is_some());
+    // Discovery was read at its start: the service is routed.
+    assert!(new.table().services.keys().any(|k| k.name == "api"));
+    // Node b's proxy is the one it was.
+    let before = cluster.nodes[1].router();
+    cluster.apply(&Action::ProxyRestart(0)).await.unwrap();
+    assert!(std::sync::Arc::ptr_eq(&before, &cluster.nodes[1].router()));
+    cluster.shutdown().await;
     let _ = std::fs::remove_dir_all(&options.work_dir);
 }

@@ -107,17 +107,88 @@ pub struct NodeRuntime {
     pub name: String,
     /// The node's address in the emulated network.
     pub ip: IpAddr,
-    /// The routing table of the node's proxy (pools, node readings).
-    pub router: Arc<Router>,
     /// Where the node's proxy listens (clients reach it through their own link).
     pub proxy: SocketAddr,
     /// The gate in front of the node's admin port (what peers probe).
     pub admin: SocketAddr,
     cpu: Option<Cpu>,
     usage: Option<Arc<FixedUsage>>,
-    /// The node's metrics (proxy and peer prober).
-    registry: prometheus::Registry,
+    /// The listening sockets each proxy of this node serves on in turn.
+    sockets: NodeSockets,
+    /// The proxy serving the node now (`proxy-restart` replaces it).
+    live: Mutex<ProxyGeneration>,
+    /// The metrics of the proxies this node ran before the live one, so that the run's
+    /// counters keep what they did.
+    retired: Mutex<Vec<prometheus::Registry>>,
     _admin_gate: SourceDelayGate,
+}
+
+impl NodeRuntime {
+    /// The routing table of the node's live proxy (pools, node readings).
+    pub fn router(&self) -> Arc<Router> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .router
+            .clone()
+    }
+
+    /// The metrics of every proxy the node has run, the live one last.
+    fn registries(&self) -> Vec<prometheus::Registry> {
+        let mut all = self
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        all.push(
+            self.live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .registry
+                .clone(),
+        );
+        all
+    }
+}
+
+/// A node's proxy and admin listening sockets. Each proxy the node runs accepts on a
+/// duplicate of them, so that a replacement takes over without a moment in which
+/// clients or peers are refused, as a restarted proxy behind a kept socket would.
+#[derive(Debug)]
+struct NodeSockets {
+    proxy: std::net::TcpListener,
+    admin: std::net::TcpListener,
+}
+
+impl NodeSockets {
+    /// Duplicates of both sockets for one proxy.
+    fn take(&self) -> std::io::Result<(TcpListener, TcpListener)> {
+        let proxy = TcpListener::from_std(self.proxy.try_clone()?)?;
+        let admin = TcpListener::from_std(self.admin.try_clone()?)?;
+        Ok((proxy, admin))
+    }
+}
+
+/// Why a node's proxy starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// With the cluster, before any traffic (the run's warm-up waits for it).
+    WithTheRun,
+    /// To replace the node's proxy while traffic flows (`proxy-restart`).
+    Replacing,
+}
+
+/// How long a peer probe may take; a replacing proxy's first round waits twice that
+/// at most.
+const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One proxy of a node with what it learns: router, metrics, and the signal that stops
+/// its tasks (discovery, data plane, pod prober, admin server, peer prober).
+#[derive(Debug)]
+struct ProxyGeneration {
+    router: Arc<Router>,
+    registry: prometheus::Registry,
+    stop: watch::Sender<bool>,
 }
 
 /// An instance: its spec, and its backend and gate while it runs.
@@ -597,6 +668,64 @@ impl Cluster {
         let net = |what: &str, e: &dyn std::fmt::Display| {
             TestbedError::Net(format!("node {name}: {what}: {e}"))
         };
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .await
+            .map_err(|e| net("proxy listener", &e))?;
+        let proxy = listener
+            .local_addr()
+            .map_err(|e| net("proxy listener", &e))?;
+        let sockets = NodeSockets {
+            proxy: listener.into_std().map_err(|e| net("proxy listener", &e))?,
+            admin: admin_listener
+                .into_std()
+                .map_err(|e| net("admin listener", &e))?,
+        };
+        let usage = self.scenario.nodes[index]
+            .usage
+            .map(|_| Arc::new(FixedUsage::new(None)));
+        let live = self
+            .launch_proxy(index, ip, &sockets, usage.clone(), Start::WithTheRun)
+            .await?;
+        Ok(NodeRuntime {
+            name,
+            ip,
+            proxy,
+            admin: admin_gate.addr(),
+            cpu,
+            usage,
+            sockets,
+            live: Mutex::new(live),
+            retired: Mutex::new(Vec::new()),
+            _admin_gate: admin_gate,
+        })
+    }
+
+    /// Start a proxy for node `index` on its sockets: discovery, data plane, pod
+    /// prober, admin server and peer prober, all new.
+    async fn launch_proxy(
+        &self,
+        index: usize,
+        ip: IpAddr,
+        sockets: &NodeSockets,
+        usage: Option<Arc<FixedUsage>>,
+        start: Start,
+    ) -> Result<ProxyGeneration, TestbedError> {
+        let name = self.scenario.nodes[index].name.clone();
+        let net = |what: &str, e: &dyn std::fmt::Display| {
+            TestbedError::Net(format!("node {name}: {what}: {e}"))
+        };
+        let (stop_sender, _) = watch::channel(false);
+        // Every task of this proxy stops with the run or when a new proxy replaces it.
+        let stop = || {
+            let (run, own) = (self.stop.subscribe(), stop_sender.subscribe());
+            async move {
+                tokio::select! {
+                    () = stopped(run) => {}
+                    () = stopped(own) => {}
+                }
+            }
+        };
+        let (listener, admin_listener) = sockets.take().map_err(|e| net("sockets", &e))?;
         let router = Arc::new(Router::new(Some(name.clone())));
         match &self.publisher {
             None => {
@@ -604,7 +733,7 @@ impl Cluster {
                 let (watcher, _) = FileWatcher::open(&path, router.clone())
                     .map_err(|e| TestbedError::Invalid(format!("node {name}: topology: {e}")))?;
                 let watcher = watcher.with_interval(self.scenario.testbed.discovery_interval);
-                self.spawn(watcher.run(|| {}, stopped(self.stop.subscribe())));
+                self.spawn(watcher.run(|| {}, stop()));
             }
             Some(publisher) => {
                 // The node's own watch of the API server, as `proxima --kube` runs it.
@@ -612,12 +741,10 @@ impl Cluster {
                     instance: Some(name.clone()),
                     ..proxima_k8s::K8sConfig::default()
                 };
-                let (client, router, stop) =
-                    (publisher.client(), router.clone(), self.stop.subscribe());
+                let (client, router, stop) = (publisher.client(), router.clone(), stop());
                 let node = name.clone();
                 self.spawn(async move {
-                    if let Err(error) =
-                        proxima_k8s::run(client, router, config, || {}, stopped(stop)).await
+                    if let Err(error) = proxima_k8s::run(client, router, config, || {}, stop).await
                     {
                         tracing::warn!(%error, node, "testbed kubernetes discovery stopped");
                     }
@@ -636,27 +763,7 @@ impl Cluster {
             ..ProxyConfig::default()
         };
         let proxy = Proxy::new(router.clone(), metrics, config);
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .await
-            .map_err(|e| net("proxy listener", &e))?;
-        let proxy_addr = listener
-            .local_addr()
-            .map_err(|e| net("proxy listener", &e))?;
-        let stop = self.stop.subscribe();
-        let serving = proxy.clone();
-        self.spawn(async move {
-            if let Err(error) = proxima_proxy::serve(serving, listener, stopped(stop)).await {
-                tracing::warn!(%error, "testbed proxy stopped");
-            }
-        });
-        self.spawn(proxima_proxy::run_prober(
-            proxy,
-            stopped(self.stop.subscribe()),
-        ));
 
-        let usage = self.scenario.nodes[index]
-            .usage
-            .map(|_| Arc::new(FixedUsage::new(None)));
         let source = usage
             .clone()
             .map(|u| u as Arc<dyn proxima_nodes::UsageSource>);
@@ -677,15 +784,11 @@ impl Cluster {
             readiness,
         });
         let endpoints: Arc<dyn NodeEndpoints> = local.clone();
-        let stop = self.stop.subscribe();
+        let admin_stop = stop();
         self.spawn(async move {
-            if let Err(error) = proxima_admin::serve_with_node(
-                admin,
-                Some(endpoints),
-                admin_listener,
-                stopped(stop),
-            )
-            .await
+            if let Err(error) =
+                proxima_admin::serve_with_node(admin, Some(endpoints), admin_listener, admin_stop)
+                    .await
             {
                 tracing::warn!(%error, "testbed admin server stopped");
             }
@@ -693,25 +796,59 @@ impl Cluster {
         let gauges = Arc::new(NodeGauges::register(&registry).map_err(|e| net("node gauges", &e))?);
         let prober_config = ProberConfig {
             interval: self.scenario.testbed.peer_probe_interval,
-            timeout: Duration::from_secs(2),
+            timeout: PEER_PROBE_TIMEOUT,
             bind: Some(ip),
             share_bytes: self.scenario.testbed.peer_share_bytes,
             ..ProberConfig::default()
         };
         let rng = SmallRng::seed_from_u64(hash_seed(self.scenario.seed, &name));
-        let prober = PeerProber::new(router.clone(), prober_config, gauges, rng).with_local(local);
-        self.spawn(prober.run(stopped(self.stop.subscribe())));
-        Ok(NodeRuntime {
-            name,
-            ip,
+        let mut prober =
+            PeerProber::new(router.clone(), prober_config, gauges, rng).with_local(local);
+        if start == Start::Replacing {
+            // As `proxima run` starts: one round of peer probes before serving, so that
+            // the new proxy's first requests use what its neighbours know.
+            let _ = tokio::time::timeout(PEER_PROBE_TIMEOUT * 2, prober.round()).await;
+        }
+        self.spawn(prober.run(stop()));
+
+        let serving = proxy.clone();
+        let serve_stop = stop();
+        self.spawn(async move {
+            if let Err(error) = proxima_proxy::serve(serving, listener, serve_stop).await {
+                tracing::warn!(%error, "testbed proxy stopped");
+            }
+        });
+        self.spawn(proxima_proxy::run_prober(proxy, stop()));
+        Ok(ProxyGeneration {
             router,
-            proxy: proxy_addr,
-            admin: admin_gate.addr(),
-            cpu,
-            usage,
             registry,
-            _admin_gate: admin_gate,
+            stop: stop_sender,
         })
+    }
+
+    /// `proxy-restart`: a new proxy takes over node `index`'s sockets, then the old one
+    /// stops (its connections drain within its shutdown grace).
+    async fn restart_proxy(&self, index: usize) -> Result<(), TestbedError> {
+        let node = &self.nodes[index];
+        let next = self
+            .launch_proxy(
+                index,
+                node.ip,
+                &node.sockets,
+                node.usage.clone(),
+                Start::Replacing,
+            )
+            .await?;
+        let old = std::mem::replace(
+            &mut *node.live.lock().unwrap_or_else(|e| e.into_inner()),
+            next,
+        );
+        let _ = old.stop.send(true);
+        node.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(old.registry);
+        Ok(())
     }
 
     fn topology_path(&self, node: usize) -> PathBuf {
@@ -898,8 +1035,9 @@ impl Cluster {
         loop {
             let now = Instant::now();
             let ready = self.nodes.iter().all(|node| {
-                let env = node.router.environment();
-                let table = node.router.table();
+                let router = node.router();
+                let env = router.environment();
+                let table = router.table();
                 let routed = self.scenario.services.iter().all(|s| {
                     table
                         .services
@@ -915,7 +1053,7 @@ impl Cluster {
                 // A proxy that has run for a while has probed every pod once (see
                 // `Router::first_probes_pending`); traffic at its first millisecond
                 // would measure the start-up, not the strategy.
-                let probed = node.router.first_probes_pending(now) == 0;
+                let probed = router.first_probes_pending(now) == 0;
                 routed && latencies && usages && probed
             });
             if ready {
@@ -1091,6 +1229,7 @@ impl Cluster {
                 }
                 self.publish().await?;
             }
+            Action::ProxyRestart(node) => self.restart_proxy(*node).await?,
             Action::BusyHost { cores } => self.hog.set(*cores),
             Action::Usage { node, cpu, ram } => {
                 let mut state = self.lock();
@@ -1210,7 +1349,8 @@ impl Cluster {
         let families: Vec<_> = self
             .nodes
             .iter()
-            .flat_map(|n| n.registry.gather())
+            .flat_map(|n| n.registries())
+            .flat_map(|r| r.gather())
             .collect();
         // The sum over every node of `name`'s series whose `label` is `value`.
         let sum = |name: &str, label: &str, value: &str| -> u64 {

@@ -48,6 +48,7 @@
 //!       - reset: { instance: api-1 }                     # undo an overload
 //!       - node-down: { node: edge-2, remove-after: 10s } # unreachable (or a name)
 //!       - node-up: edge-2
+//!       - proxy-restart: edge-2     # a new proxy, knowing nothing, replaces the node's
 //!       - usage: { node: edge-2, cpu: 0.95 }             # background usage (RAP)
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
 //! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s,
@@ -247,6 +248,7 @@ struct ActionDoc {
     reset: Option<ResetDoc>,
     node_down: Option<NodeDownDoc>,
     node_up: Option<String>,
+    proxy_restart: Option<String>,
     busy_host: Option<BusyHostDoc>,
 }
 
@@ -643,6 +645,11 @@ pub enum Action {
     },
     /// The node is reachable again; its instances that still run are listed again.
     NodeUp(usize),
+    /// A new proxy replaces the node's own, as when its DaemonSet pod is replaced: a
+    /// fresh router, discovery, prober and admin server that know nothing yet, taking
+    /// over the same listening sockets (no client is refused), started as `proxima run`
+    /// starts (one round of peer probes before it serves); the old one then drains.
+    ProxyRestart(usize),
     /// Keep `cores` of the host's CPUs busy with spinning threads (a CPU hog: the host
     /// load every proxy, gate and pod of the run shares), until the next `busy-host`;
     /// 0 stops them.
@@ -1517,6 +1524,11 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             if let Some(name) = &a.node_up {
                 found.push(node_index(&format!("{what}.node-up"), name).map(Action::NodeUp));
             }
+            if let Some(name) = &a.proxy_restart {
+                found.push(
+                    node_index(&format!("{what}.proxy-restart"), name).map(Action::ProxyRestart),
+                );
+            }
             if let Some(u) = &a.usage {
                 found.push((|| {
                     let node = node_index(&format!("{what}.usage.node"), &u.node)?;
@@ -1689,6 +1701,7 @@ const ACTION_KEYS: &[&str] = &[
     "blackhole",
     "node-down",
     "node-up",
+    "proxy-restart",
     "usage",
     "busy-host",
 ];
@@ -1844,6 +1857,15 @@ fn check_timeline(scenario: &Scenario, docs: &[EventDoc]) -> Vec<String> {
                         ));
                     }
                 }
+                Action::ProxyRestart(node) => {
+                    if down[*node] {
+                        problems.push(format!(
+                            "{what}: node {:?} is down {when}; a proxy restarts on a node \
+                             that is up",
+                            scenario.nodes[*node].name
+                        ));
+                    }
+                }
                 Action::Link { .. } | Action::Usage { .. } | Action::BusyHost { .. } => {}
             }
         }
@@ -1863,6 +1885,7 @@ fn action_key(a: &ActionDoc) -> &'static str {
         (a.blackhole.is_some(), "blackhole"),
         (a.node_down.is_some(), "node-down"),
         (a.node_up.is_some(), "node-up"),
+        (a.proxy_restart.is_some(), "proxy-restart"),
         (a.usage.is_some(), "usage"),
         (a.busy_host.is_some(), "busy-host"),
     ]
@@ -2138,6 +2161,7 @@ events:
   - { at: 3s, do: [{ reset: { between: [zone:zb, "*"] } }, { overload: { instance: p1, add: 50ms } }] }
   - { at: 4s, do: [{ node-down: { node: c1, remove-after: 1s } }, { reset: { instance: p1 } }] }
   - { at: 5s, do: [{ node-up: c1 }, { fail: p2 }] }
+  - { at: 6s, do: [{ proxy-restart: a2 }] }
 "#;
 
     #[test]
@@ -2174,6 +2198,7 @@ events:
         );
         assert_eq!(s.events[3].actions[1], Action::ResetInstance("p1".into()));
         assert_eq!(s.events[4].actions[0], Action::NodeUp(3));
+        assert_eq!(s.events[5].actions[0], Action::ProxyRestart(1));
         assert_eq!(s.nodes[2].region.as_deref(), Some("us"));
         assert_eq!(
             s.objectives(&StrategySpec::parse("round-robin").unwrap()),
@@ -2307,6 +2332,11 @@ events:
                 "{ node-up: c1 }",
                 "{ node-up: b1 }",
                 "node \"b1\" is not down",
+            ),
+            (
+                "{ reset: { instance: p1 } }",
+                "{ reset: { instance: p1 } }, { proxy-restart: c1 }",
+                "node \"c1\" is down at 4s; a proxy restarts on a node that is up",
             ),
             (
                 "{ node-down: { node: c1, remove-after: 1s } }",

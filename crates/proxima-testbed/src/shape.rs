@@ -221,6 +221,7 @@ const ACTION: Shape = Shape::Map(&[
         ]),
     ),
     ("node-up", Shape::Scalar),
+    ("proxy-restart", Shape::Scalar),
     (
         "usage",
         Shape::Map(&[
