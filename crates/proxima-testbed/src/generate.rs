@@ -10,8 +10,8 @@
 //! client per service and region, and a timeline that uses every event kind once, in
 //! an order that is valid by construction: an overload and its reset, a burst of 503
 //! errors from that instance and its end, a join, a region
-//! flap and its reset, a blackhole and its reset, a node loss and its return, a leave, a
-//! failure and a usage change, and a busy host (a spinning thread on one core) for the
+//! flap and its reset, a blackhole and its reset, a node loss and its return, another node's proxy replaced (its cold start), a
+//! leave, a failure and a usage change, and a busy host (a spinning thread on one core) for the
 //! last phase. The same arguments give the same file.
 
 use std::fmt::Write as _;
@@ -296,6 +296,16 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
             node(lost)
         )],
     );
+    // Another node's proxy (there are at least two nodes) is replaced by one that
+    // knows nothing, as when its DaemonSet pod is: its cold start. Picked without the
+    // generator's draws, so that the rest of a seed's scenario is what it was before
+    // this event existed.
+    let restarted = (lost + o.nodes / 2) % o.nodes;
+    event(
+        "restart",
+        t(0.64),
+        &[format!("{{ proxy-restart: {} }}", node(restarted))],
+    );
     event(
         "node-up",
         t(0.70),
@@ -369,6 +379,10 @@ mod tests {
                 "seed {seed}"
             );
             assert!(has(&|a| matches!(a, Action::NodeUp(_))), "seed {seed}");
+            assert!(
+                has(&|a| matches!(a, Action::ProxyRestart(_))),
+                "seed {seed}"
+            );
             assert!(has(&|a| matches!(a, Action::Usage { .. })), "seed {seed}");
             assert!(has(&|a| matches!(a, Action::Errors { .. })), "seed {seed}");
             assert!(
