@@ -1516,21 +1516,11 @@ mod tests {
 
     /// A pool as the proxy's, with a 60 s idle timeout and metrics of its own.
     fn pool() -> Arc<ConnPool> {
-        let registry = prometheus::Registry::new();
-        let metrics = crate::Metrics::new(&registry).unwrap();
-        let bounds = PoolBounds {
+        crate::upstream::pool::pool_of(PoolBounds {
             per_endpoint: 8,
             total: 8,
             buffered: 8,
-        };
-        Arc::new(ConnPool::new(
-            Duration::from_secs(60),
-            bounds,
-            None,
-            100,
-            metrics.pool(),
-            (100, Duration::from_secs(10)),
-        ))
+        })
     }
 
     /// `method /` with `body` read whole (as `http1/serve.rs` hands small bodies on)

@@ -643,6 +643,21 @@ fn park(pool: &Weak<ConnPool>, addr: SocketAddr, stream: TcpStream, place: Parki
     }
 }
 
+/// A pool with `bounds`, a 60 s idle timeout and metrics of its own, for tests.
+#[cfg(test)]
+pub(crate) fn pool_of(bounds: PoolBounds) -> Arc<ConnPool> {
+    let registry = prometheus::Registry::new();
+    let metrics = crate::Metrics::new(&registry).unwrap();
+    Arc::new(ConnPool::new(
+        Duration::from_secs(60),
+        bounds,
+        None,
+        100,
+        metrics.pool(),
+        (100, Duration::from_secs(10)),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,20 +690,6 @@ mod tests {
         total: 8,
         buffered: 8,
     };
-
-    /// A pool with `bounds`, a 60 s idle timeout and metrics of its own.
-    fn pool_of(bounds: PoolBounds) -> Arc<ConnPool> {
-        let registry = prometheus::Registry::new();
-        let metrics = crate::Metrics::new(&registry).unwrap();
-        Arc::new(ConnPool::new(
-            Duration::from_secs(60),
-            bounds,
-            None,
-            100,
-            metrics.pool(),
-            (100, Duration::from_secs(10)),
-        ))
-    }
 
     #[tokio::test]
     async fn a_worker_takes_back_only_the_connections_its_own_runtime_drives() {
