@@ -14,6 +14,17 @@
 #   PROXIMA_BIN [target/dist/proxima, built first] another build to measure (an older
 #   one too: the worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 #   RESULTS_DIR [benches/load/results]
+#
+# IDLE=1 measures idle endpoints instead (issue 29): for each size in ENDPOINTS
+# ["1000 10000 50000"], ENDPOINTS/PODS Services of PODS pods from file discovery, one
+# worker (the first of WORKERS), no client traffic. It waits until every pod has had
+# its first probe (counted in the origin's access log) and SETTLE [15] seconds more
+# (the proxy trims its heap every 10 s), then reports RSS, RssAnon and RssFile, and
+# the bytes per endpoint over the smallest size. /metrics is scraped only after the
+# figures are read: rendering it at 50,000 endpoints allocates megabytes of its own.
+# The origin listens on the wildcard address (one socket answers every 127.x.y.z,
+# where 50,000 listening sockets would pass the open-file limit) and answers only
+# loopback clients.
 set -euo pipefail
 
 SERVICES=${SERVICES:-100}
@@ -25,6 +36,10 @@ BASE_PORT=${BASE_PORT:-18180}
 ORIGIN_PORT=$BASE_PORT
 PROXY_PORT=$((BASE_PORT + 1))
 ADMIN_PORT=$((BASE_PORT + 2))
+
+IDLE=${IDLE:-0}
+ENDPOINTS=${ENDPOINTS:-"1000 10000 50000"}
+SETTLE=${SETTLE:-15}
 
 NAME=scale
 # shellcheck source=benches/load/common.sh
@@ -51,6 +66,89 @@ RUN_BIN=$WORK/proxima
 
 # Pod i (0-based) of the whole cluster listens on 127.0.(1 + i/250).(1 + i%250).
 pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
+# write_discovery SERVICES FILE: SERVICES Services of PODS pods each, pod i of the whole
+# cluster at pod_addr i.
+write_discovery() {
+    local services=$1 s p
+    {
+        echo "services:"
+        for ((s = 0; s < services; s++)); do
+            echo "  - name: svc-$s"
+            echo "    namespace: default"
+            echo "    settings: { latency-slo: 100ms, strategy: qos-pool }"
+            echo "    endpoints:"
+            for ((p = 0; p < PODS; p++)); do
+                echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * PODS + p))):$ORIGIN_PORT }"
+            done
+        done
+    } >"$2"
+}
+kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
+mb() { printf '%.1f' "$(echo "$1 / 1024" | bc -l)"; }
+describe_build() {
+    echo "${PROXIMA_BIN:-$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')}"
+}
+
+if [[ $IDLE == 1 ]]; then
+    workers=${WORKERS%% *}
+    cat >"$WORK/origin.conf" <<CONF
+worker_processes 1; daemon off; pid $WORK/origin.pid;
+events { worker_connections 4096; }
+http { access_log $WORK/access.log; server {
+  listen $ORIGIN_PORT;
+  allow 127.0.0.0/8; deny all;
+  location / { return 200 "hello from origin\n"; } } }
+CONF
+    nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" &
+    PIDS+=($!)
+    RESULT=$RESULTS_DIR/${STAMP}-scale-idle.md
+    mkdir -p "$RESULTS_DIR"
+    {
+        echo "# Proxima with idle endpoints (file discovery, $PODS pods per Service), $STAMP"
+        echo
+        echo "proxima $(describe_build)${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}, $workers worker; RSS read ${SETTLE} s after every pod's first probe, no client traffic; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+        echo
+        echo "| endpoints | RSS (MB) | anonymous (MB) | file (MB) | peak RSS (MB) | RSS per endpoint above the first size (B) | anonymous per endpoint above the first size (B) | first probes seen | /metrics afterwards (KB) |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    } >"$RESULT"
+    first_rss='' first_anon='' first_n=''
+    for n in $ENDPOINTS; do
+        write_discovery $((n / PODS)) "$WORK/discovery-$n.yaml"
+        : >"$WORK/access.log"
+        TOKIO_WORKER_THREADS=$workers "$RUN_BIN" run --listen "127.0.0.1:$PROXY_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
+            --discovery "file:$WORK/discovery-$n.yaml" --log-level warn ${PROXIMA_ARGS:-} >"$WORK/proxima-$n.log" 2>&1 &
+        pid=$!
+        PIDS+=("$pid")
+        for _ in $(seq 600); do
+            (($(wc -l <"$WORK/access.log") >= n)) && break
+            kill -0 "$pid" 2>/dev/null || die "proxima exited; see $WORK/proxima-$n.log"
+            sleep 1
+        done
+        probes=$(wc -l <"$WORK/access.log")
+        log "$n endpoints: $probes first probes seen; settling for ${SETTLE} s"
+        sleep "$SETTLE"
+        rss=$(kib "$pid" VmRSS) anon=$(kib "$pid" RssAnon) file=$(kib "$pid" RssFile) hwm=$(kib "$pid" VmHWM)
+        bytes=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | wc -c)
+        per='-' per_anon='-'
+        if [[ -z $first_n ]]; then
+            first_rss=$rss first_anon=$anon first_n=$n
+        else
+            per=$(((rss - first_rss) * 1024 / (n - first_n)))
+            per_anon=$(((anon - first_anon) * 1024 / (n - first_n)))
+        fi
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n' "$n" "$(mb "$rss")" "$(mb "$anon")" "$(mb "$file")" \
+            "$(mb "$hwm")" "$per" "$per_anon" "$probes" $((bytes / 1024)) >>"$RESULT"
+        log "$n endpoints: RSS $(mb "$rss") MB (anonymous $(mb "$anon"), file $(mb "$file"), peak $(mb "$hwm"))"
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+    done
+    echo >>"$RESULT"
+    echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Command: \`IDLE=1 ENDPOINTS=\"$ENDPOINTS\" benches/load/scale.sh\`." >>"$RESULT"
+    cat "$RESULT"
+    exit 0
+fi
+
+# The load: one nginx listening on every pod's address.
 TOTAL=$((SERVICES * PODS))
 {
     echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
@@ -59,18 +157,6 @@ TOTAL=$((SERVICES * PODS))
     for ((i = 0; i < TOTAL; i++)); do echo "  listen $(pod_addr "$i"):$ORIGIN_PORT;"; done
     echo '  location / { return 200 "hello from origin\n"; } } }'
 } >"$WORK/origin.conf"
-{
-    echo "services:"
-    for ((s = 0; s < SERVICES; s++)); do
-        echo "  - name: svc-$s"
-        echo "    namespace: default"
-        echo "    settings: { latency-slo: 100ms, strategy: qos-pool }"
-        echo "    endpoints:"
-        for ((p = 0; p < PODS; p++)); do
-            echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * PODS + p))):$ORIGIN_PORT }"
-        done
-    done
-} >"$WORK/discovery.yaml"
 cat >"$WORK/random-service.lua" <<EOF
 math.randomseed(os.time())
 request = function()
@@ -78,16 +164,16 @@ request = function()
 end
 EOF
 
+write_discovery "$SERVICES" "$WORK/discovery.yaml"
 nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" &
 PIDS+=($!)
 
-kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
 RESULT=$RESULTS_DIR/${STAMP}-scale.md
 mkdir -p "$RESULTS_DIR"
 {
     echo "# Proxima at $SERVICES Services x $PODS pods, $STAMP"
     echo
-    echo "proxima ${PROXIMA_BIN:-$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet || echo ' (uncommitted changes)')}${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "proxima $(describe_build)${PROXIMA_ARGS:+ with \`$PROXIMA_ARGS\`}; wrk -t1 -c$CONNECTIONS -d$DURATION, a random service per request; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
     echo "| workers | req/s | RSS after load (MB) | of it anonymous (MB) | of it file (MB) | peak RSS (MB) | /metrics (KB) | series | idle upstream connections |"
     echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
