@@ -83,9 +83,26 @@ impl std::error::Error for Error {}
 /// `off` or `yes` in a setting or a label stays text (serde-saphyr's default takes YAML
 /// 1.1's `yes`, `no`, `on`, `off`, `y` and `n` for booleans). A key written twice in a
 /// mapping is an error (serde-saphyr's default).
+///
+/// A topology file may be large: serde-saphyr's default budget (250,000 nodes, a
+/// million events) refuses one of 5,000 Services of 10 pods (about 260,000 nodes),
+/// which an edge cluster's proxy must read (issue 29). The budget allows 16 times
+/// that, about 1.6 million endpoints of one line each; its limits on aliases and
+/// anchors, which are what stops a small file from expanding without bound, stay
+/// serde-saphyr's.
 pub fn options() -> serde_saphyr::Options {
-    serde_saphyr::options! { strict_booleans: true }
+    serde_saphyr::options! {
+        strict_booleans: true,
+        budget: serde_saphyr::budget! {
+            max_nodes: MAX_NODES,
+            max_events: MAX_NODES * 4,
+        },
+    }
 }
+
+/// The most YAML nodes (sequences, mappings and scalars) a document may hold (see
+/// [`options`]).
+pub const MAX_NODES: usize = 4_000_000;
 
 /// Read one YAML document into `T`.
 pub fn from_str<'de, T: Deserialize<'de>>(text: &'de str) -> Result<T, Error> {

@@ -298,6 +298,23 @@ emulate:
     }
 
     #[test]
+    fn a_file_of_fifty_thousand_endpoints_is_read() {
+        // benches/load/scale.sh's IDLE=1 topology at its largest (issue 29): past
+        // serde-saphyr's default budget of 250,000 nodes.
+        let mut text = String::from("services:\n");
+        for s in 0..5_000 {
+            text += &format!("  - name: svc-{s}\n    endpoints:\n");
+            for p in 0..10 {
+                let i = s * 10 + p;
+                let addr = format!("127.0.{}.{}:8080", 1 + i / 250, 1 + i % 250);
+                text += &format!("      - {{ id: svc-{s}-{p}, address: {addr} }}\n");
+            }
+        }
+        let t = parse(&text).unwrap();
+        assert_eq!((t.service_count(), t.endpoint_count()), (5_000, 50_000));
+    }
+
+    #[test]
     fn syntax_errors_name_the_line() {
         let text = "services:\n  - name: dps\n    endpoints: [\n      { address: 127.0.0.1:1 \n";
         let p = &problems(text)[0];
