@@ -80,8 +80,10 @@ impl Expected {
 /// An endpoint of a routed service: what discovery said, plus the live state.
 #[derive(Debug)]
 pub struct RouteEndpoint {
-    /// What discovery said about the endpoint.
-    pub endpoint: Endpoint,
+    /// What discovery said about the endpoint: shared with the router's record of it and
+    /// with the routes built for it before, since at tens of thousands of endpoints a
+    /// copy per route is a good part of the memory.
+    pub endpoint: Arc<Endpoint>,
     /// Its measurements and pool state, shared with the data plane (kept across updates
     /// that keep its id and IP).
     pub state: Arc<EndpointState>,

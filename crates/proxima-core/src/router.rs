@@ -277,7 +277,9 @@ type StateKey = (EndpointId, IpAddr);
 #[derive(Debug, Default)]
 struct Desired {
     specs: BTreeMap<ServiceKey, ServiceSpec>,
-    endpoints: BTreeMap<ServiceKey, BTreeMap<EndpointId, Endpoint>>,
+    /// Shared with the routes built from them (`RouteEndpoint::endpoint`): one copy of
+    /// each endpoint, not one here and one per route.
+    endpoints: BTreeMap<ServiceKey, BTreeMap<EndpointId, Arc<Endpoint>>>,
     states: HashMap<ServiceKey, HashMap<StateKey, Arc<EndpointState>>>,
     nodes: BTreeMap<String, Node>,
 }
@@ -548,7 +550,7 @@ impl Router {
                         .endpoints
                         .entry(service.clone())
                         .or_default()
-                        .insert(endpoint.id.clone(), endpoint);
+                        .insert(endpoint.id.clone(), Arc::new(endpoint));
                     dirty.insert(service);
                 }
                 Update::RemoveEndpoint { service, id } => {
@@ -1121,8 +1123,11 @@ fn unpack_cursor(cursor: u64) -> (usize, usize) {
     )
 }
 
-fn by_id(endpoints: Vec<Endpoint>) -> BTreeMap<EndpointId, Endpoint> {
-    endpoints.into_iter().map(|e| (e.id.clone(), e)).collect()
+fn by_id(endpoints: Vec<Endpoint>) -> BTreeMap<EndpointId, Arc<Endpoint>> {
+    endpoints
+        .into_iter()
+        .map(|e| (e.id.clone(), Arc::new(e)))
+        .collect()
 }
 
 /// The requested service port as a [`PortSlot`] of the route: the index of the

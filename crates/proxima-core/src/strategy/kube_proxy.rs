@@ -125,7 +125,7 @@ impl KubeProxy {
     pub fn filter(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         let endpoints = &ctx.route.endpoints;
         let all = || 0..endpoints.len();
-        let endpoint = |i: usize| &endpoints[i].endpoint;
+        let endpoint = |i: usize| &*endpoints[i].endpoint;
         let ready = |i: usize| endpoint(i).conditions.ready;
         let serving_terminating = |i: usize| {
             let c = endpoint(i).conditions;

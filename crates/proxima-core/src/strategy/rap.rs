@@ -287,7 +287,7 @@ mod tests {
                         state.observe(t0, Outcome::ConnectFailed, &settings, &plain);
                     }
                     RouteEndpoint {
-                        endpoint,
+                        endpoint: Arc::new(endpoint),
                         state: Arc::new(state),
                     }
                 })
