@@ -359,7 +359,11 @@ pub(crate) struct ServiceMetrics {
     vecs: Arc<Vecs>,
     /// The `service` label value, shared with its endpoints.
     label: Arc<str>,
-    request_duration: Histogram,
+    /// Created at the service's first request, like the counters: a service only probed
+    /// so far (every service at start, and most of them with many idle devices) holds
+    /// no histogram, ~0.9 KB with its label and buckets (`None`: first used after the
+    /// service was retired).
+    request_duration: OnceLock<Option<Histogram>>,
     slo_met: LazyCounter,
     slo_missed: LazyCounter,
     retries: LazyCounter,
@@ -667,7 +671,7 @@ impl Metrics {
         let label: Arc<str> = key.to_string().into();
         let m = Arc::new(ServiceMetrics {
             vecs: self.vecs.clone(),
-            request_duration: self.vecs.request_duration.with_label_values(&[&label]),
+            request_duration: OnceLock::new(),
             label,
             slo_met: LazyCounter::new(),
             slo_missed: LazyCounter::new(),
@@ -776,7 +780,14 @@ impl ServiceMetrics {
     }
 
     pub(crate) fn request_duration(&self, d: Duration) {
-        self.request_duration.observe(d.as_secs_f64());
+        let histogram = self.request_duration.get_or_init(|| {
+            let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let vec = &self.vecs.request_duration;
+            (!self.retired.load(Ordering::Relaxed)).then(|| vec.with_label_values(&[&self.label]))
+        });
+        if let Some(histogram) = histogram {
+            histogram.observe(d.as_secs_f64());
+        }
     }
 
     pub(crate) fn slo(&self, met: bool) {
@@ -1179,6 +1190,22 @@ mod tests {
         metrics.forget_missing(&router.table());
         assert!(!text(&registry).contains("api.shop"));
         assert!(!Arc::ptr_eq(&s, &metrics.service(&key)));
+    }
+
+    #[test]
+    fn a_service_gets_its_histogram_at_its_first_request() {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry).unwrap();
+        let s = metrics.service(&ServiceKey::new("shop", "api"));
+        metrics.probe(&s, "met");
+        let histogram = |out: &str| out.contains("proxima_request_duration_seconds_count");
+        assert!(!histogram(&text(&registry)), "{}", text(&registry));
+        s.request_duration(Duration::from_millis(4));
+        let out = text(&registry);
+        assert!(
+            out.contains(r#"proxima_request_duration_seconds_count{service="api.shop"} 1"#),
+            "{out}"
+        );
     }
 
     #[test]
