@@ -1612,14 +1612,19 @@ fn requests_parse_as_hyper_parses_them() {
             1 => raw(b"GET / HTTP/1.1\r\n"),
         ],
         |rt, tally, bytes| check_request(rt, tally, &bytes),
+        // Each run draws new cases, so a floor sits several standard deviations below
+        // the share the generators give (measured over runs of 512 cases: hyper serving
+        // after the hand-off 6.7% on average, as low as 4.5%; refused by a rule 9.3%,
+        // as low as 7.2%): it catches a generator that no longer reaches a verdict, not
+        // an unlucky draw.
         &[
             ("request: served natively", 0.25),
             ("request: handed to hyper", 0.10),
             ("request: native loop refuses a malformed head", 0.05),
             ("request: native loop closes at an incomplete head", 0.02),
             ("request: native loop closes after it", 0.02),
-            ("request: hyper serves after the hand-off", 0.05),
-            ("request: refused by a rule", 0.05),
+            ("request: hyper serves after the hand-off", 0.02),
+            ("request: refused by a rule", 0.03),
             ("request: accepted", 0.25),
         ],
         REQUEST_RULES,
