@@ -271,6 +271,7 @@ fn run_scenarios(node: Node, selected: &[(&str, Scenario)]) -> ExitCode {
         if outcome.is_ok() {
             passed += 1;
         } else {
+            eprintln!("{}", world.node.diagnosis());
             failed.push(name.to_string());
         }
         outcome.is_ok()

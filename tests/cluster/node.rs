@@ -165,6 +165,62 @@ impl Node {
         }
     }
 
+    /// What the cluster looks like, for a failed scenario's report: which of `up.sh`'s
+    /// components still run, the node's conditions, every pod, the latest events, and the
+    /// last errors and warnings of the kubelet's and containerd's logs. A scenario that
+    /// waits in vain says only what it waited for; a CI run that failed so is diagnosed
+    /// from this alone.
+    pub fn diagnosis(&self) -> String {
+        let mut out = String::from("---- the cluster after the failure\n");
+        out += &self.components();
+        let kubectl = |args: &[&str]| match self.kubectl(args) {
+            Ok(text) | Err(Failed(text)) => text,
+        };
+        let conditions = "{range .items[*].status.conditions[*]}{.type}={.status} ({.reason}: {.message}){\"\\n\"}{end}";
+        for (what, args) in [
+            (
+                "node conditions",
+                vec!["get", "nodes", "-o", &format!("jsonpath={conditions}")],
+            ),
+            ("pods", vec!["get", "pods", "-A", "-o", "wide"]),
+            (
+                "latest events",
+                vec!["get", "events", "-A", "--sort-by=.lastTimestamp"],
+            ),
+        ] {
+            let text = kubectl(&args);
+            out += &format!("-- {what}:\n{}\n", last_lines(&text, 40));
+        }
+        for log in ["kubelet", "containerd"] {
+            let text = std::fs::read_to_string(self.dir.join(format!("logs/{log}.log")))
+                .unwrap_or_else(|e| format!("(unreadable: {e})"));
+            let complaints: String = text
+                .lines()
+                .filter(|line| is_complaint(line))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            out += &format!(
+                "-- the last errors and warnings of {log}.log:\n{}\n",
+                last_lines(&complaints, 30)
+            );
+        }
+        out
+    }
+
+    /// `name pid` lines of `up.sh`'s pids file, each said running or gone.
+    fn components(&self) -> String {
+        let pids = std::fs::read_to_string(self.dir.join("pids")).unwrap_or_default();
+        let states: Vec<String> = pids
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(name, pid)| {
+                let alive = Path::new("/proc").join(pid.trim()).exists();
+                format!("{name} {}", if alive { "running" } else { "GONE" })
+            })
+            .collect();
+        format!("-- components: {}\n", states.join(", "))
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Result<String, Failed> {
         let mut all = vec!["kubectl"];
         all.extend_from_slice(args);
@@ -305,4 +361,19 @@ pub fn wait_for<T>(
         assert!(start.elapsed() < within, "{what}: not within {within:?}");
         std::thread::sleep(every);
     }
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A klog line of severity E or W (`E1128 08:30:01.123 ...`), or a logrus one of level
+/// error or warning (containerd).
+fn is_complaint(line: &str) -> bool {
+    let klog = line.len() > 5
+        && matches!(line.as_bytes()[0], b'E' | b'W')
+        && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit);
+    klog || line.contains("level=error") || line.contains("level=warning")
 }
