@@ -382,10 +382,16 @@ volumePluginDir: $dir/volume-plugins
 # The images were imported, not pulled: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# No eviction for disk space, as kind's nodes have none: the machine's disk is the test
+# runner's, shared with cargo's target directories, and a few GB free of hundreds is
+# under the kubelet's defaults. A node under DiskPressure evicts every pod and admits
+# none (all the later scenarios then fail waiting), where the containers need only MBs.
 evictionHard:
   memory.available: "100Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"
 serializeImagePulls: false
 nodeStatusReportFrequency: 10s
 EOF
