@@ -799,6 +799,7 @@ impl Cluster {
             timeout: PEER_PROBE_TIMEOUT,
             bind: Some(ip),
             share_bytes: self.scenario.testbed.peer_share_bytes,
+            max_peers_per_round: self.scenario.testbed.peer_sample,
             ..ProberConfig::default()
         };
         let rng = SmallRng::seed_from_u64(hash_seed(self.scenario.seed, &name));
@@ -1021,8 +1022,10 @@ impl Cluster {
         }
     }
 
-    /// Wait until every node's proxy knows the latency to every other node and the usage
-    /// of every node that reports one, or `timeout` passes. Returns whether it did.
+    /// Wait until every node's proxy has an RTT to every other node (measured, or
+    /// predicted by the network coordinates when it probes fewer peers a round than the
+    /// cluster has: `peer-sample`) and the usage of every node that reports one, or
+    /// `timeout` passes. Returns whether it did.
     pub async fn warm_up(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let reporting: Vec<&str> = self
@@ -1048,7 +1051,7 @@ impl Cluster {
                     .nodes
                     .iter()
                     .filter(|other| other.name != node.name)
-                    .all(|other| env.latency(&other.name, now).is_some());
+                    .all(|other| env.rtt_estimate(&other.name, now).is_some());
                 let usages = reporting.iter().all(|n| env.usage(n, now).is_some());
                 // A proxy that has run for a while has probed every pod once (see
                 // `Router::first_probes_pending`); traffic at its first millisecond

@@ -331,11 +331,63 @@ pub fn generate(o: &GenerateOptions) -> Result<String, String> {
         out,
         "strategies: [qos-pool, local, rap, \"proximity:alpha=0.8\", p2c-ewma, round-robin, kube-proxy]"
     );
+    let probing = PeerProbing::for_nodes(o.nodes);
     let _ = writeln!(
         out,
-        "testbed: {{ discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 2s }}"
+        "testbed: {{ discovery-interval: 200ms, peer-probe-interval: {}ms, peer-sample: {}, \
+         client-timeout: 2s }}",
+        probing.interval_ms, probing.sample
     );
     Ok(out)
+}
+
+/// How often each emulated proxy probes its peers, and how many per round.
+///
+/// On a real cluster each node pays for its own probes; in the emulation every proxy's
+/// probes go through user-space delay gates on the host's cores, with the clients, the
+/// pods and the proxies. Up to 20 nodes the proxies probe every peer twice a second, so
+/// that a short run learns fast. Above that the cluster's probes are held near
+/// [`PROBES_PER_SECOND`]: first by probing less often (up to the product's 2 s), then by
+/// probing fewer peers per round (down to 8), which leaves the rest of the RTT picture
+/// to the network coordinates the replies carry (`proxima_core::coordinates`). At 50
+/// nodes, probes every 500 ms with 32 peers took the runtime's lag p99 from a few ms to
+/// 217 ms on a 2-core host (docs/results/issue-30.md, "50 nodes on this machine").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerProbing {
+    /// `peer-probe-interval`, in milliseconds.
+    pub interval_ms: u64,
+    /// `peer-sample`: peers probed per round at most.
+    pub sample: usize,
+}
+
+/// The emulation's budget of peer probes per second, over the whole cluster.
+pub const PROBES_PER_SECOND: usize = 800;
+
+impl PeerProbing {
+    /// The probing of a generated cluster of `nodes` nodes (2 or more).
+    pub fn for_nodes(nodes: usize) -> Self {
+        const PRODUCT_SAMPLE: usize = 32;
+        const FASTEST_MS: u64 = 500;
+        const PRODUCT_MS: u64 = 2_000;
+        let peers = (nodes - 1).min(PRODUCT_SAMPLE);
+        let per_round = (nodes * peers) as u64;
+        // The interval that keeps every peer probed within the budget.
+        let interval_ms = (per_round * 1000 / PROBES_PER_SECOND as u64)
+            .clamp(FASTEST_MS, PRODUCT_MS)
+            .div_ceil(100)
+            * 100;
+        if per_round * 1000 / interval_ms <= PROBES_PER_SECOND as u64 {
+            return Self {
+                interval_ms,
+                sample: peers,
+            };
+        }
+        let sample = (PROBES_PER_SECOND * PRODUCT_MS as usize / 1000 / nodes).clamp(8, peers);
+        Self {
+            interval_ms: PRODUCT_MS,
+            sample,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -344,6 +396,60 @@ mod tests {
 
     use super::*;
     use crate::scenario::{Action, LinkChange, ScenarioFile};
+
+    #[test]
+    fn the_emulated_probes_stay_within_the_budget() {
+        // Small clusters learn fast: every peer, twice a second.
+        for nodes in [2, 8, 20] {
+            let p = PeerProbing::for_nodes(nodes);
+            assert_eq!(
+                p,
+                PeerProbing {
+                    interval_ms: 500,
+                    sample: nodes - 1
+                },
+                "{nodes}"
+            );
+        }
+        // Larger ones probe less often, then fewer peers, never beyond the product's
+        // 2 s nor below 8 peers a round.
+        let mut last = PeerProbing::for_nodes(20);
+        for nodes in [21, 30, 50, 60, 100, 150, 250] {
+            let p = PeerProbing::for_nodes(nodes);
+            assert!(
+                p.interval_ms >= last.interval_ms && p.interval_ms <= 2_000,
+                "{nodes}: {p:?}"
+            );
+            assert!((8..=32).contains(&p.sample), "{nodes}: {p:?}");
+            let rate = (nodes * p.sample) as u64 * 1000 / p.interval_ms;
+            assert!(
+                rate <= PROBES_PER_SECOND as u64 || p.sample == 8,
+                "{nodes}: {rate} probes/s"
+            );
+            last = p;
+        }
+        assert_eq!(
+            PeerProbing::for_nodes(50),
+            PeerProbing {
+                interval_ms: 2_000,
+                sample: 32
+            }
+        );
+        assert_eq!(
+            PeerProbing::for_nodes(100),
+            PeerProbing {
+                interval_ms: 2_000,
+                sample: 16
+            }
+        );
+        assert_eq!(
+            PeerProbing::for_nodes(250),
+            PeerProbing {
+                interval_ms: 2_000,
+                sample: 8
+            }
+        );
+    }
 
     #[test]
     fn many_seeds_give_valid_scenarios_with_every_event_kind() {

@@ -52,7 +52,8 @@
 //!       - usage: { node: edge-2, cpu: 0.95 }             # background usage (RAP)
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
 //! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s,
-//!            peer-share-bytes: 4096 }   # 0: proxies share no pod reports
+//!            peer-share-bytes: 4096,    # 0: proxies share no pod reports
+//!            peer-sample: 32 }          # peers each proxy probes per round
 //! variants:                     # optional: run everything once per variant, with
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
@@ -83,6 +84,7 @@ use proxima_core::settings::parse_duration;
 use proxima_core::{ServiceKey, ServiceSettings};
 use proxima_discovery::yaml;
 use proxima_emulate::ProcessingTime;
+use proxima_nodes::ProberConfig;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -351,6 +353,7 @@ struct TestbedDoc {
     drain: Option<String>,
     client_timeout: Option<String>,
     peer_share_bytes: Option<usize>,
+    peer_sample: Option<usize>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -807,6 +810,10 @@ pub struct TestbedSettings {
     /// Bytes of pod reports each proxy's ping replies carry (0: proxies share nothing;
     /// see `proxima_core::neighbours`), so that sharing can be shown on and off.
     pub peer_share_bytes: usize,
+    /// Peers each proxy probes per round at most (`proxima run --peer-sample`). The
+    /// emulation's probes all share the host's cores, so a large cluster probes fewer
+    /// per round and leaves the rest to the network coordinates.
+    pub peer_sample: usize,
 }
 
 impl Default for TestbedSettings {
@@ -820,6 +827,7 @@ impl Default for TestbedSettings {
             drain: Duration::from_secs(2),
             client_timeout: Duration::from_secs(30),
             peer_share_bytes: proxima_nodes::share::DEFAULT_BUDGET,
+            peer_sample: ProberConfig::default().max_peers_per_round,
         }
     }
 }
@@ -1655,6 +1663,15 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
         drain,
         client_timeout: setting("client-timeout", &t.client_timeout, d.client_timeout),
         peer_share_bytes: t.peer_share_bytes.unwrap_or(d.peer_share_bytes),
+        peer_sample: match t.peer_sample {
+            Some(0) => {
+                note(Err(invalid(
+                    "testbed.peer-sample: must be greater than zero",
+                )));
+                d.peer_sample
+            }
+            given => given.unwrap_or(d.peer_sample),
+        },
     };
     for (client, doc) in clients.iter_mut().zip(&doc.clients) {
         if doc.timeout.is_none() {

@@ -253,6 +253,7 @@ const TESTBED: Shape = Shape::Map(&[
     ("drain", DURATION),
     ("client-timeout", DURATION),
     ("peer-share-bytes", Shape::Scalar),
+    ("peer-sample", Shape::Scalar),
 ]);
 /// The whole document.
 pub(crate) const SCENARIO: Shape = Shape::Map(&[
