@@ -50,7 +50,7 @@ use proxima_core::{HearReport, Router, Usage};
 use rand::RngCore;
 use tokio::net::TcpStream;
 use tower::Service;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::coordinates::NodeCoordinates;
 use crate::dated;
@@ -59,6 +59,9 @@ use crate::ping::{LocalNode, PingReply};
 use crate::sample::{self, ProbeHistory};
 use crate::share::{self, WirePod};
 use crate::usage::is_plausible;
+
+/// Time beyond the probe timeout allowed for the first round's bookkeeping.
+const FIRST_ROUND_SLACK: Duration = Duration::from_millis(250);
 
 /// Path of the ping endpoint on a peer's admin port.
 pub const PING_PATH: &str = "/node/ping";
@@ -339,6 +342,35 @@ impl PeerProber {
             tokio::select! {
                 () = &mut shutdown => return,
                 _ = self.round() => {}
+            }
+        }
+    }
+
+    /// One round before the proxy serves, so that a proxy that joins knows its peers'
+    /// round-trip times and what they measured of pods (failures, processing times)
+    /// before its first request: without them every pod it has not measured looks as
+    /// good as any other, and its first requests go to pods its neighbours know cannot
+    /// meet the SLO. Probes run at once, so the round takes about one probe timeout; a
+    /// round that takes longer is given up (`None`) and left to the loop.
+    pub async fn first_round(&mut self) -> Option<RoundReport> {
+        let started = Instant::now();
+        let bound = self.config.timeout + FIRST_ROUND_SLACK;
+        match tokio::time::timeout(bound, self.round()).await {
+            Ok(report) => {
+                info!(
+                    answered = report.answered.len(),
+                    probed = report.probed.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "first round of peer probes done before serving"
+                );
+                Some(report)
+            }
+            Err(_) => {
+                warn!(
+                    "first round of peer probes took longer than {:?}; serving without it",
+                    self.config.timeout
+                );
+                None
             }
         }
     }

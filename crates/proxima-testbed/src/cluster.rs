@@ -806,9 +806,8 @@ impl Cluster {
         let mut prober =
             PeerProber::new(router.clone(), prober_config, gauges, rng).with_local(local);
         if start == Start::Replacing {
-            // As `proxima run` starts: one round of peer probes before serving, so that
-            // the new proxy's first requests use what its neighbours know.
-            let _ = tokio::time::timeout(PEER_PROBE_TIMEOUT * 2, prober.round()).await;
+            // As `proxima run` starts.
+            prober.first_round().await;
         }
         self.spawn(prober.run(stop()));
 

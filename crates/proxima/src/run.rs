@@ -38,30 +38,6 @@ use crate::cli::{Discovery, KubeArgs, NodesArgs, ProxyArgs, RunArgs, UsageSource
 use crate::kubernetes::{self, DiscoveryTask, FirstSync};
 use crate::shutdown::Shutdown;
 
-/// One round of peer probes before the proxy serves, so that a proxy that joins knows
-/// its peers' round-trip times and what they measured of pods (failures, processing
-/// times) before its first request: without them every pod it has not measured looks
-/// as good as any other, and its first requests go to pods its neighbours know cannot
-/// meet the SLO. Probes run at once, so the round takes about one `timeout` at most;
-/// a round that takes longer is left to the loop.
-async fn first_round(prober: &mut proxima_nodes::PeerProber, timeout: Duration) {
-    let started = Instant::now();
-    match tokio::time::timeout(timeout + FIRST_ROUND_SLACK, prober.round()).await {
-        Ok(report) => info!(
-            answered = report.answered.len(),
-            probed = report.probed.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "first round of peer probes done before serving"
-        ),
-        Err(_) => {
-            warn!("first round of peer probes took longer than {timeout:?}; serving without it")
-        }
-    }
-}
-
-/// Time beyond the probe timeout allowed for the first round's bookkeeping.
-const FIRST_ROUND_SLACK: Duration = Duration::from_millis(250);
-
 /// Time allowed, beyond the proxy's grace period, for the other tasks to stop.
 const STOP_SLACK: Duration = Duration::from_secs(10);
 
@@ -465,7 +441,7 @@ impl NodeMeasurements {
             .with_local(self.local)
             .with_peer_usage(peer_usage);
         if args.peer_sample > 0 {
-            first_round(&mut prober, args.peer_probe_timeout).await;
+            prober.first_round().await;
         }
         let stop = shutdown.wait();
         tasks.spawn(async move {
