@@ -115,39 +115,43 @@ pub struct NodeRuntime {
     usage: Option<Arc<FixedUsage>>,
     /// The listening sockets each proxy of this node serves on in turn.
     sockets: NodeSockets,
-    /// The proxy serving the node now (`proxy-restart` replaces it).
-    live: Mutex<ProxyGeneration>,
-    /// The metrics of the proxies this node ran before the live one, so that the run's
-    /// counters keep what they did.
-    retired: Mutex<Vec<prometheus::Registry>>,
+    proxies: Mutex<NodeProxies>,
     _admin_gate: SourceDelayGate,
 }
 
+/// The proxies a node has run.
+#[derive(Debug)]
+struct NodeProxies {
+    /// The one serving now (`proxy-restart` replaces it).
+    live: ProxyGeneration,
+    /// The metrics of those before it, so that the run's counters keep what they did.
+    retired: Vec<prometheus::Registry>,
+}
+
 impl NodeRuntime {
+    fn proxies(&self) -> std::sync::MutexGuard<'_, NodeProxies> {
+        self.proxies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The routing table of the node's live proxy (pools, node readings).
     pub fn router(&self) -> Arc<Router> {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .router
-            .clone()
+        self.proxies().live.router.clone()
     }
 
     /// The metrics of every proxy the node has run, the live one last.
     fn registries(&self) -> Vec<prometheus::Registry> {
-        let mut all = self
-            .retired
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        all.push(
-            self.live
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .registry
-                .clone(),
-        );
+        let proxies = self.proxies();
+        let mut all = proxies.retired.clone();
+        all.push(proxies.live.registry.clone());
         all
+    }
+
+    /// Puts `next` in the live proxy's place and stops the one it replaces.
+    fn replace_proxy(&self, next: ProxyGeneration) {
+        let mut proxies = self.proxies();
+        let old = std::mem::replace(&mut proxies.live, next);
+        let _ = old.stop.send(true);
+        proxies.retired.push(old.registry);
     }
 }
 
@@ -694,8 +698,10 @@ impl Cluster {
             cpu,
             usage,
             sockets,
-            live: Mutex::new(live),
-            retired: Mutex::new(Vec::new()),
+            proxies: Mutex::new(NodeProxies {
+                live,
+                retired: Vec::new(),
+            }),
             _admin_gate: admin_gate,
         })
     }
@@ -839,15 +845,7 @@ impl Cluster {
                 Start::Replacing,
             )
             .await?;
-        let old = std::mem::replace(
-            &mut *node.live.lock().unwrap_or_else(|e| e.into_inner()),
-            next,
-        );
-        let _ = old.stop.send(true);
-        node.retired
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(old.registry);
+        node.replace_proxy(next);
         Ok(())
     }
 
