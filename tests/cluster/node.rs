@@ -199,9 +199,12 @@ impl Node {
                 .filter(|line| is_complaint(line))
                 .map(|line| format!("{line}\n"))
                 .collect();
+            // A component that died says why in its last lines (a fatal line, a Go
+            // panic's stack), which need not look like a complaint.
             out += &format!(
-                "-- the last errors and warnings of {log}.log:\n{}\n",
-                last_lines(&complaints, 30)
+                "-- the last errors and warnings of {log}.log:\n{}\n-- its last lines:\n{}\n",
+                last_lines(&complaints, 30),
+                last_lines(&text, 12)
             );
         }
         out
@@ -369,11 +372,13 @@ fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A klog line of severity E or W (`E1128 08:30:01.123 ...`), or a logrus one of level
-/// error or warning (containerd).
+/// A klog line of severity F, E or W (`E1128 08:30:01.123 ...`), or a logrus one of
+/// level fatal, error or warning (containerd).
 fn is_complaint(line: &str) -> bool {
     let klog = line.len() > 5
-        && matches!(line.as_bytes()[0], b'E' | b'W')
+        && matches!(line.as_bytes()[0], b'F' | b'E' | b'W')
         && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit);
-    klog || line.contains("level=error") || line.contains("level=warning")
+    klog || ["level=fatal", "level=error", "level=warning"]
+        .iter()
+        .any(|level| line.contains(level))
 }
