@@ -274,8 +274,10 @@ pub struct ApplyReport {
 struct Desired {
     specs: BTreeMap<ServiceKey, ServiceSpec>,
     /// Shared with the routes built from them (`RouteEndpoint::endpoint`): one copy of
-    /// each endpoint, not one here and one per route.
-    endpoints: BTreeMap<ServiceKey, BTreeMap<EndpointId, Arc<Endpoint>>>,
+    /// each endpoint, not one here and one per route. A set ordered by the endpoint's
+    /// own id rather than a map keyed by a copy of it: at 50,000 endpoints the copies
+    /// and the wider tree nodes were ~110 bytes an endpoint.
+    endpoints: BTreeMap<ServiceKey, BTreeSet<ById>>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -545,12 +547,12 @@ impl Router {
                         .endpoints
                         .entry(service.clone())
                         .or_default()
-                        .insert(endpoint.id.clone(), Arc::new(endpoint));
+                        .replace(ById(Arc::new(endpoint)));
                     dirty.insert(service);
                 }
                 Update::RemoveEndpoint { service, id } => {
                     if let Some(eps) = desired.endpoints.get_mut(&service) {
-                        eps.remove(&id);
+                        eps.remove(id.as_str());
                     }
                     dirty.insert(service);
                 }
@@ -596,7 +598,7 @@ impl Router {
     ) -> Option<ServiceRoute> {
         // Endpoints may arrive before their Service; keep them, route nothing.
         let spec = desired.specs.get(key).cloned()?;
-        let empty = BTreeMap::new();
+        let empty = BTreeSet::new();
         let wanted = desired.endpoints.get(key).unwrap_or(&empty);
         // The states to keep are those of the previous route's endpoints that stay with
         // the same name and address (see the module docs); the route is their only
@@ -620,10 +622,10 @@ impl Router {
         // (see `Route::pool`); those of a new service are tried at once.
         let service_measured = wanted
             .iter()
-            .filter_map(|(id, endpoint)| kept(id, endpoint))
+            .filter_map(|ById(endpoint)| kept(&endpoint.id, endpoint))
             .any(|s| s.measured());
-        for (id, endpoint) in wanted {
-            let state = kept(id, endpoint).cloned().unwrap_or_else(|| {
+        for ById(endpoint) in wanted {
+            let state = kept(&endpoint.id, endpoint).cloned().unwrap_or_else(|| {
                 let state = EndpointState::new(&spec.settings, self.epoch);
                 if service_measured {
                     state.hold_until_probed();
@@ -1129,11 +1131,43 @@ fn unpack_cursor(cursor: u64) -> (usize, usize) {
     )
 }
 
-fn by_id(endpoints: Vec<Endpoint>) -> BTreeMap<EndpointId, Arc<Endpoint>> {
-    endpoints
-        .into_iter()
-        .map(|e| (e.id.clone(), Arc::new(e)))
-        .collect()
+/// An endpoint in the router's record of a service, ordered and found by its id.
+#[derive(Debug)]
+struct ById(Arc<Endpoint>);
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for ById {}
+
+impl PartialOrd for ById {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ById {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id.cmp(&other.0.id)
+    }
+}
+
+impl std::borrow::Borrow<str> for ById {
+    fn borrow(&self) -> &str {
+        &self.0.id
+    }
+}
+
+/// A service's endpoints by id; of several under one id, the last is kept.
+fn by_id(endpoints: Vec<Endpoint>) -> BTreeSet<ById> {
+    let mut set = BTreeSet::new();
+    for endpoint in endpoints {
+        set.replace(ById(Arc::new(endpoint)));
+    }
+    set
 }
 
 /// The requested service port as a [`PortSlot`] of the route: the index of the
