@@ -131,8 +131,9 @@ const NO_GROUP: u32 = u32::MAX;
 /// One service as routed (see the module docs).
 #[derive(Debug)]
 pub struct Route {
-    /// The service as discovered.
-    pub spec: ServiceSpec,
+    /// The service as discovered: shared with the router's record of it, since a copy
+    /// per route was ~100 bytes an endpoint at 10 pods a Service.
+    pub spec: Arc<ServiceSpec>,
     /// Its endpoints in discovery order; indices into this are how the route names them.
     pub endpoints: Vec<RouteEndpoint>,
     /// Each endpoint's state again, packed (see [`Route::state`]).
@@ -159,7 +160,7 @@ impl Route {
     /// one replaces for the same service, whose endpoint states it shares: its cooldown
     /// horizon carries over. `epoch` is the router's.
     pub(crate) fn new(
-        spec: ServiceSpec,
+        spec: Arc<ServiceSpec>,
         endpoints: Vec<RouteEndpoint>,
         previous: Option<&Route>,
         epoch: Instant,

@@ -272,7 +272,8 @@ pub struct ApplyReport {
 
 #[derive(Debug, Default)]
 struct Desired {
-    specs: BTreeMap<ServiceKey, ServiceSpec>,
+    /// Shared with the route built from each (`Route::spec`).
+    specs: BTreeMap<ServiceKey, Arc<ServiceSpec>>,
     /// Shared with the routes built from them (`RouteEndpoint::endpoint`): one copy of
     /// each endpoint, not one here and one per route. A set ordered by the endpoint's
     /// own id rather than a map keyed by a copy of it: at 50,000 endpoints the copies
@@ -519,7 +520,7 @@ impl Router {
                     for (spec, endpoints) in services {
                         dirty.insert(spec.key.clone());
                         desired.endpoints.insert(spec.key.clone(), by_id(endpoints));
-                        desired.specs.insert(spec.key.clone(), spec);
+                        desired.specs.insert(spec.key.clone(), Arc::new(spec));
                     }
                 }
                 Update::UpsertNode(node) => {
@@ -531,7 +532,7 @@ impl Router {
                 }
                 Update::UpsertService(spec) => {
                     dirty.insert(spec.key.clone());
-                    desired.specs.insert(spec.key.clone(), spec);
+                    desired.specs.insert(spec.key.clone(), Arc::new(spec));
                 }
                 Update::RemoveService(key) => {
                     desired.specs.remove(&key);

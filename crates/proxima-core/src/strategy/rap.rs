@@ -293,7 +293,7 @@ mod tests {
                 })
                 .collect();
             let spec = ServiceSpec::new(key.clone(), vec![], settings.clone());
-            let route = Route::new(spec, endpoints, None, t0);
+            let route = Route::new(Arc::new(spec), endpoints, None, t0);
             // Readings for some nodes, some of them old enough to turn stale.
             let mut env = Environment::default();
             for n in 1..=nodes {
