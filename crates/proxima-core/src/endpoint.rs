@@ -241,7 +241,9 @@ pub(crate) struct Stats {
 /// Laid out for the pick path: the atomics a pick reads or bumps (in-flight count,
 /// cooldown, spreading counter, slow start, attempt count, peak EWMA) come first, in
 /// one cache line, so that comparing two endpoints of a large service touches one line
-/// of each rather than several.
+/// of each rather than several. The flags and the failure count fill that line's spare
+/// bytes, and the rest is packed into four more lines: 320 bytes, where one byte more
+/// is a sixth line (64 bytes more for every endpoint; see the size check below).
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub struct EndpointState {
@@ -251,6 +253,17 @@ pub struct EndpointState {
     admitted: AtomicBool,
     /// Whether the admission is `Warming` (no verdict from measurements yet).
     warming: AtomicBool,
+    /// Set when it (re)joins the pool: its counter is brought level with the pool's.
+    needs_baseline: AtomicBool,
+    /// Out of the pool for consecutive failures (counted against the service's cap).
+    failure_ejected: AtomicBool,
+    /// Whether any outcome (traffic or probe) has ever been stored for it.
+    measured: AtomicBool,
+    /// Added to a service already measured: out of the pool until first measured.
+    held_until_probed: AtomicBool,
+    /// A neighbour reported it failing after this proxy's last answer from it: out of
+    /// the pool until an answer of its own meets the SLO (see `neighbours.rs`).
+    suspect: AtomicBool,
     /// Cooldown end as nanoseconds after `epoch`; 0 when not cooling down.
     cooldown_until: AtomicU64,
     /// Spreading counter: [`PICK_UNIT`] / weight per pick (stride scheduling), so that
@@ -263,27 +276,24 @@ pub struct EndpointState {
     /// last updated (ns after `epoch`), for the `p2c-ewma` strategy.
     peak_ewma_bits: AtomicU64,
     peak_ewma_at: AtomicU64,
+    failures: AtomicU64,
     // Below: read on the measurement path and by the rarer branches of a pick.
     pub(crate) stats: Mutex<Stats>,
-    /// Predicted SLO-percentile latency in µs (0 before any sample), for fallback ranking.
-    score_micros: AtomicU64,
+    /// Predicted SLO-percentile latency in µs (0 before any sample, `u32::MAX` when
+    /// that rank is a failure), for fallback ranking. The samples are `u32` µs, so
+    /// nothing is lost against a `u64`.
+    score_micros: AtomicU32,
     /// Share of its fresh samples within the SLO, in thousandths ([`UNKNOWN_SHARE`]
     /// without any), as of the last measurement: what the empty-pool fallback ranks by.
     within_permille: AtomicU32,
     epoch: Instant,
-    failures: AtomicU64,
-    /// Set when it (re)joins the pool: its counter is brought level with the pool's.
-    needs_baseline: AtomicBool,
-    /// Out of the pool for consecutive failures (counted against the service's cap).
-    failure_ejected: AtomicBool,
-    /// Whether any outcome (traffic or probe) has ever been stored for it.
-    measured: AtomicBool,
-    /// Added to a service already measured: out of the pool until first measured.
-    held_until_probed: AtomicBool,
-    /// A neighbour reported it failing after this proxy's last answer from it: out of
-    /// the pool until an answer of its own meets the SLO (see `neighbours.rs`).
-    suspect: AtomicBool,
 }
+
+// Five cache lines where the layout above is as planned (64-bit Linux: `Instant` 16
+// bytes, `Mutex` a 4-byte futex); a field added or widened that makes it six costs
+// every endpoint 64 bytes, so it should be a decision, not an accident.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+const _: () = assert!(std::mem::size_of::<EndpointState>() == 320);
 
 /// What the caller knows about an outcome beyond the outcome itself.
 pub(crate) struct Observation<'a> {
@@ -341,7 +351,7 @@ impl EndpointState {
             admitted: AtomicBool::new(true),
             warming: AtomicBool::new(true),
             cooldown_until: AtomicU64::new(0),
-            score_micros: AtomicU64::new(0),
+            score_micros: AtomicU32::new(0),
             within_permille: AtomicU32::new(UNKNOWN_SHARE),
             peak_ewma_bits: AtomicU64::new(0),
             peak_ewma_at: AtomicU64::new(0),
@@ -434,7 +444,10 @@ impl EndpointState {
     /// Predicted response time at the SLO percentile, in µs, as of the last measurement
     /// (0 when unknown, `u64::MAX` when that rank is a failure).
     pub fn score_micros(&self) -> u64 {
-        self.score_micros.load(Ordering::Relaxed)
+        match self.score_micros.load(Ordering::Relaxed) {
+            u32::MAX => u64::MAX,
+            micros => u64::from(micros),
+        }
     }
 
     /// Share of its fresh samples within the SLO, in thousandths, as of the last
@@ -456,9 +469,10 @@ impl EndpointState {
             settings.latency_slo,
             settings.slo_percentile,
         );
+        // The quantile is a sample (at most `MAX_MICROS`) or `Duration::MAX`.
         let score = prediction
             .quantile
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            .map_or(0, |d| u32::try_from(d.as_micros()).unwrap_or(u32::MAX));
         self.score_micros.store(score, Ordering::Relaxed);
         let share = match prediction.samples {
             0 => UNKNOWN_SHARE,
