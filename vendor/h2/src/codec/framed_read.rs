@@ -18,6 +18,10 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
+// PROXIMA-PATCH: tokio-util's `FramedRead` starts its buffer with this much
+// (its private `INITIAL_CAPACITY`); a buffer freed while idle gets it back.
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
@@ -70,6 +74,16 @@ impl<T> FramedRead<T> {
 
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
+    }
+
+    /// PROXIMA-PATCH: frees the read buffer if no bytes of a frame are in it,
+    /// and the HPACK decoder's buffer if empty; `poll_next` and the decoder
+    /// allocate them again when needed.
+    pub fn release_idle_buffers(&mut self) {
+        if self.inner.read_buffer().is_empty() {
+            *self.inner.read_buffer_mut() = BytesMut::new();
+        }
+        self.decoder.hpack.release_idle_buffer();
     }
 
     /// Returns the current max frame size setting
@@ -421,6 +435,11 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
+            // PROXIMA-PATCH: a buffer freed while idle would otherwise grow
+            // by tokio-util's `reserve(1)`, 8 bytes a read.
+            if self.inner.read_buffer().capacity() == 0 {
+                self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+            }
             let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),

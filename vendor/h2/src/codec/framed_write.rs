@@ -223,6 +223,10 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // PROXIMA-PATCH: the buffer may have been freed while idle.
+        if self.buf.get_ref().capacity() == 0 {
+            *self.buf.get_mut() = BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +311,12 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // PROXIMA-PATCH: no capacity at all is a buffer freed while idle,
+        // which `buffer` allocates again.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {
@@ -350,6 +357,14 @@ impl<T, B> FramedWrite<T, B> {
 
     pub fn get_mut(&mut self) -> &mut T {
         &mut self.inner
+    }
+
+    /// PROXIMA-PATCH: frees the write buffer if it holds nothing; `buffer`
+    /// allocates it again for the next frame.
+    pub fn release_idle_buffer(&mut self) {
+        if self.encoder.next.is_none() && self.encoder.buf.get_ref().is_empty() {
+            self.encoder.buf = Cursor::new(BytesMut::new());
+        }
     }
 }
 

@@ -124,6 +124,13 @@ impl<T, B> Codec<T, B> {
     fn framed_write(&mut self) -> &mut FramedWrite<T, B> {
         self.inner.get_mut()
     }
+
+    /// PROXIMA-PATCH: frees the read, write and HPACK decoder buffers that
+    /// hold nothing, for a connection with no stream.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        self.inner.release_idle_buffers();
+        self.framed_write().release_idle_buffer();
+    }
 }
 
 impl<T, B> Codec<T, B>

@@ -158,7 +158,15 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // PROXIMA-PATCH: allocated at the first Huffman-coded string.
+            buffer: BytesMut::new(),
+        }
+    }
+
+    /// PROXIMA-PATCH: frees the buffer of decoded Huffman strings if empty.
+    pub fn release_idle_buffer(&mut self) {
+        if self.buffer.is_empty() {
+            self.buffer = BytesMut::new();
         }
     }
 
@@ -335,6 +343,11 @@ impl Decoder {
         if huff {
             let ret = {
                 let raw = &buf.chunk()[..len];
+                // PROXIMA-PATCH: the buffer is allocated lazily (4 KiB, as h2
+                // does at the start), then shared by the strings split off it.
+                if self.buffer.capacity() == 0 {
+                    self.buffer.reserve(4096);
+                }
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {
                     offset,
                     len,

@@ -332,6 +332,12 @@ where
                                 continue;
                             }
 
+                            // PROXIMA-PATCH: flushed and waiting with no stream
+                            // open: an idle connection keeps no empty buffers.
+                            if self.inner.streams.release_if_idle() {
+                                self.codec.release_idle_buffers();
+                            }
+
                             return Poll::Pending;
                         }
                     };

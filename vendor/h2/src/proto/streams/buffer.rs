@@ -33,6 +33,14 @@ impl<T> Buffer<T> {
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
+
+    /// PROXIMA-PATCH: frees the slab's capacity when it holds nothing (no key
+    /// into it is valid then, before or after).
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() {
+            self.slab = Slab::new();
+        }
+    }
 }
 
 impl Deque {

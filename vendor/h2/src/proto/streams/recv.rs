@@ -113,6 +113,11 @@ impl Recv {
         }
     }
 
+    /// PROXIMA-PATCH: frees the event buffer's capacity if it holds nothing.
+    pub fn release_if_empty(&mut self) {
+        self.buffer.release_if_empty();
+    }
+
     /// Returns the initial receive window size
     pub fn init_window_sz(&self) -> WindowSize {
         self.init_window_sz

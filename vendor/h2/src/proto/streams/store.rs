@@ -86,6 +86,17 @@ impl Store {
         }
     }
 
+    /// PROXIMA-PATCH: frees the slab's and the map's capacity when no stream
+    /// is stored (no key is valid then, before or after).
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() {
+            self.slab = slab::Slab::new();
+        }
+        if self.ids.is_empty() {
+            self.ids = IndexMap::new();
+        }
+    }
+
     pub fn find_mut(&mut self, id: &StreamId) -> Option<Ptr<'_>> {
         let index = {
             let key = self.ids.get(id)?;

@@ -1149,6 +1149,21 @@ where
         me.counts.has_streams() || me.refs > 1
     }
 
+    /// PROXIMA-PATCH: if no stream is open, frees the capacity of the stream
+    /// store and the frame buffers that hold nothing, and returns true (the
+    /// connection is idle: its codec may free its buffers too).
+    pub fn release_if_idle(&self) -> bool {
+        let mut me = self.inner.lock().unwrap();
+        if me.counts.has_streams() {
+            return false;
+        }
+        me.store.release_if_empty();
+        me.actions.recv.release_if_empty();
+        drop(me);
+        self.send_buffer.inner.lock().unwrap().release_if_empty();
+        true
+    }
+
     #[cfg(feature = "unstable")]
     pub fn num_wired_streams(&self) -> usize {
         let me = self.inner.lock().unwrap();
