@@ -16,6 +16,7 @@
 
 use std::fmt::Write as _;
 
+use proxima_nodes::ProberConfig;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -366,14 +367,15 @@ pub const PROBES_PER_SECOND: usize = 800;
 impl PeerProbing {
     /// The probing of a generated cluster of `nodes` nodes (2 or more).
     pub fn for_nodes(nodes: usize) -> Self {
-        const PRODUCT_SAMPLE: usize = 32;
         const FASTEST_MS: u64 = 500;
-        const PRODUCT_MS: u64 = 2_000;
-        let peers = (nodes - 1).min(PRODUCT_SAMPLE);
+        // The product's own defaults (`proxima run`): 2 s, 32 peers a round.
+        let product = ProberConfig::default();
+        let product_ms = product.interval.as_millis() as u64;
+        let peers = (nodes - 1).min(product.max_peers_per_round);
         let per_round = (nodes * peers) as u64;
         // The interval that keeps every peer probed within the budget.
         let interval_ms = (per_round * 1000 / PROBES_PER_SECOND as u64)
-            .clamp(FASTEST_MS, PRODUCT_MS)
+            .clamp(FASTEST_MS, product_ms)
             .div_ceil(100)
             * 100;
         if per_round * 1000 / interval_ms <= PROBES_PER_SECOND as u64 {
@@ -382,9 +384,9 @@ impl PeerProbing {
                 sample: peers,
             };
         }
-        let sample = (PROBES_PER_SECOND * PRODUCT_MS as usize / 1000 / nodes).clamp(8, peers);
+        let sample = (PROBES_PER_SECOND * product_ms as usize / 1000 / nodes).clamp(8, peers);
         Self {
-            interval_ms: PRODUCT_MS,
+            interval_ms: product_ms,
             sample,
         }
     }
