@@ -373,7 +373,7 @@ impl Route {
     /// The round-trip time from this proxy to the endpoint's node: 0 on this node, the
     /// fresh reading otherwise, else the one its network coordinates predict
     /// ([`Environment::rtt_estimate`]); `None` when there is neither (or no node).
-    fn rtt(
+    pub(crate) fn rtt(
         &self,
         index: usize,
         env: &Environment,

@@ -34,19 +34,29 @@
 //!   applies.
 //! * **Or by slack** (`qos-pool-spread: slack`; not in the paper, whose even spread
 //!   treats a member just under the SLO like one with a wide margin, so that host
-//!   jitter turns the first kind's answers into misses). Of two drawn members, one that
-//!   is *hot* (it holds at least `1 + max(in_flight(other), 1) · latency ratio` requests
-//!   in flight: more than its latency explains, a queue starting) loses to one that is
-//!   not; otherwise the one with more *slack* wins: the SLO less its predicted time at
-//!   the SLO percentile. This is Prequal's hot-cold rule (Wydrowski et al., NSDI 2024,
-//!   §3: among replicas that are not hot, the lowest latency; load as requests in
-//!   flight), with the SLO's slack as the latency side. The load signal is current (a
-//!   queue makes a member hot within its next few requests), so a near pod takes what
-//!   it can serve without queueing and no more; a spread weighted by the verdict
-//!   window alone oscillated against a pod's capacity (docs/results/issue-30.md). The
-//!   papers' spread stays as a constraint: one decision in eight is taken by the even
-//!   rule, so no member is starved or left unmeasured, and the saturation rule below
-//!   holds for both.
+//!   jitter turns the first kind's answers into misses). Up to [`SLACK_SAMPLE`] usable
+//!   members are looked at (all of a small pool). A member is *hot* when it holds at
+//!   least `1 + max(in_flight(other), 1) · latency ratio` requests in flight next to
+//!   some other one: more than its latency explains, a queue starting. Among the members
+//!   that are not hot, the ones whose *slack* (the SLO less the predicted time at the
+//!   SLO percentile, or less the current peak-EWMA latency when that is larger) is
+//!   within an eighth of the SLO of the largest form the *roomy
+//!   tier*, and the request goes to one of them at random (weighted by slow start), so
+//!   that pods with clearly more room take the load and pods level with each other share
+//!   it evenly. All hot: the even rule decides. This is Prequal's hot-cold rule
+//!   (Wydrowski et al., NSDI 2024, §3: among the replicas of the probe pool that are not
+//!   hot, the lowest latency; load as requests in flight), with the SLO's slack as the
+//!   latency side and levels of an eighth of the SLO so that near-equal pods are not
+//!   ranked by noise. Looking at the whole (sampled) pool rather than at two drawn
+//!   members matters: with four members and one near, two choices send the near one
+//!   only half of the requests. The load signal is current (a queue makes a member hot
+//!   within its next few requests, and its slack shrinks as its answers slow), so a near
+//!   pod takes what it can serve without queueing and no more; a spread weighted by the
+//!   verdict window alone oscillated against a pod's capacity
+//!   (docs/results/issue-30.md). The papers' spread stays as a constraint: one decision
+//!   in eight is taken by the even rule (which, the others' counters being ahead, goes
+//!   to the members outside the tier), so no member is starved or left unmeasured, and
+//!   the saturation rule below holds for both.
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
 //!   that a member is actually saturated, i.e. it holds more requests than its latency
 //!   explains: `a` is saturated next to `b` when
@@ -129,7 +139,7 @@ impl QosPool {
 const SATURATION_SLACK: f64 = 4.0;
 
 /// In-flight requests beyond what latency explains before a member counts as *hot*
-/// under [`Spread::Slack`]: a hot member loses to a cold one whatever their slack.
+/// under [`Spread::Slack`]: a hot member leaves the roomy tier whatever its slack.
 const HOT_SLACK: f64 = 1.0;
 
 impl Strategy for QosPool {
@@ -147,7 +157,12 @@ impl Strategy for QosPool {
         let chosen = ctx.route.read_pool(|pool| match pool.len() {
             0 => None,
             1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
-            n => two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b, rule))
+            n => (rule == Spread::Slack)
+                .then(|| roomiest(ctx, n, |p| pool.get(p), rng))
+                .flatten()
+                .or_else(|| {
+                    two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b))
+                })
                 .or_else(|| {
                     // Most of the pool is excluded or cooling down: choose among the rest.
                     let usable: Vec<usize> = pool.iter().filter(|&i| ctx.usable(i)).collect();
@@ -202,47 +217,146 @@ impl Strategy for QosPool {
     }
 }
 
-/// The better of two usable pool members by `rule` (see the module docs).
-fn prefer(ctx: &PickContext<'_>, a: usize, b: usize, rule: Spread) -> usize {
-    let state = |i: usize| ctx.route.state(i);
+/// The better of two usable pool members by the even rule (see the module docs): not
+/// saturated next to the other, then the fewer picks.
+fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
     if saturated(ctx, a, b) {
         return b;
     }
     if saturated(ctx, b, a) {
         return a;
     }
-    if rule == Spread::Slack {
-        match (
-            busier(ctx, a, b, HOT_SLACK, 1.0),
-            busier(ctx, b, a, HOT_SLACK, 1.0),
-        ) {
-            (true, false) => return b,
-            (false, true) => return a,
-            _ => {}
-        }
-        let (sa, sb) = (slack(ctx, a), slack(ctx, b));
-        if sa != sb {
-            return if sb > sa { b } else { a };
-        }
-    }
-    if state(b).picks() < state(a).picks() {
+    if ctx.route.state(b).picks() < ctx.route.state(a).picks() {
         b
     } else {
         a
     }
 }
 
-/// How far the member's predicted time at the SLO percentile sits below the SLO, in
-/// seconds: a member without a prediction is taken to sit at half the SLO, and one at
-/// or over it (in the pool within its verdict margin) keeps 1/64 of the SLO.
-fn slack(ctx: &PickContext<'_>, i: usize) -> f64 {
+/// Pool members the slack rule looks at per decision. Prequal's probe pool holds 16
+/// replicas; ours are read in place, not probed, so 8 keeps the scan short while a
+/// pool of a few pods (the common case) is looked at whole.
+const SLACK_SAMPLE: usize = 8;
+
+/// Slacks within `SLO / SLACK_LEVELS` of the largest count as level (the roomy tier).
+const SLACK_LEVELS: f64 = 8.0;
+
+/// A member as the slack rule sees it.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    index: usize,
+    in_flight: f64,
+    /// Peak-EWMA latency in seconds, 0 while unknown.
+    latency: f64,
+    slack: f64,
+}
+
+/// The slack rule (see the module docs): a member of the roomy tier among the usable
+/// ones that are not hot, at random weighted by slow start. `None` when fewer than two
+/// usable members were found or every one is hot (the even rule then decides).
+fn roomiest(
+    ctx: &PickContext<'_>,
+    count: usize,
+    member: impl Fn(usize) -> usize,
+    rng: &mut dyn RngCore,
+) -> Option<usize> {
+    let mut seen = [Seen::default(); SLACK_SAMPLE];
+    let len = look_at(ctx, count, member, rng, &mut seen);
+    let seen = &seen[..len];
+    if len < 2 {
+        return None;
+    }
+    let cold = |s: &Seen| !hot(s, seen);
+    let best = seen
+        .iter()
+        .filter(|s| cold(s))
+        .map(|s| s.slack)
+        .reduce(f64::max)?;
+    let level = best - ctx.route.settings().latency_slo.as_secs_f64() / SLACK_LEVELS;
+    let slow_start = ctx.route.settings().qos_pool.slow_start;
+    let weight = |s: &Seen| ctx.route.state(s.index).weight(ctx.now, slow_start);
+    let tier = || seen.iter().filter(|s| s.slack >= level && cold(s));
+    let total: f64 = tier().map(weight).sum();
+    let mut draw = rng.gen::<f64>() * total;
+    let mut last = None;
+    for s in tier() {
+        draw -= weight(s);
+        last = Some(s.index);
+        if draw < 0.0 {
+            break;
+        }
+    }
+    last
+}
+
+/// Fill `seen` with up to [`SLACK_SAMPLE`] distinct usable members, starting at a random
+/// position (so that ties fall at random); returns how many.
+fn look_at(
+    ctx: &PickContext<'_>,
+    count: usize,
+    member: impl Fn(usize) -> usize,
+    rng: &mut dyn RngCore,
+    seen: &mut [Seen; SLACK_SAMPLE],
+) -> usize {
+    let mut len = 0;
+    let mut add = |index: usize| {
+        if len == SLACK_SAMPLE || !ctx.usable(index) || seen[..len].iter().any(|s| s.index == index)
+        {
+            return;
+        }
+        let state = ctx.route.state(index);
+        let latency = state.peak_ewma(ctx.now).map_or(0.0, |l| l.as_secs_f64());
+        let in_flight = f64::from(state.in_flight());
+        seen[len] = Seen {
+            index,
+            in_flight,
+            latency,
+            slack: slack(ctx, index, latency),
+        };
+        len += 1;
+    };
+    let start = rng.gen_range(0..count);
+    if count <= SLACK_SAMPLE {
+        (0..count).for_each(|k| add(member((start + k) % count)));
+    } else {
+        // Random positions; a repeat only makes the sample smaller.
+        add(member(start));
+        for _ in 0..2 * SLACK_SAMPLE {
+            add(member(rng.gen_range(0..count)));
+        }
+    }
+    len
+}
+
+/// Whether `a` holds at least [`HOT_SLACK`] more requests in flight than its latency
+/// explains next to some other member of `seen` (the rule of [`busier`] with a factor
+/// of 1, on the values read once): a queue starting at the pod, as this proxy sees it.
+fn hot(a: &Seen, seen: &[Seen]) -> bool {
+    a.in_flight >= HOT_SLACK
+        && seen.iter().any(|b| {
+            let ratio = if a.latency > 0.0 && b.latency > 0.0 {
+                a.latency / b.latency
+            } else {
+                1.0
+            };
+            b.index != a.index && a.in_flight >= HOT_SLACK + b.in_flight.max(1.0) * ratio
+        })
+}
+
+/// How far member `i`'s expected time sits below the SLO, in seconds: the larger of its
+/// predicted time at the SLO percentile (the verdict window) and its current peak-EWMA
+/// `latency` (which a queue at the pod, from any proxy, raises within a request or two
+/// where the window takes many). A member without a prediction is taken to sit at half
+/// the SLO, and one at or over it (in the pool within its verdict margin) keeps 1/64 of
+/// the SLO.
+fn slack(ctx: &PickContext<'_>, i: usize, latency: f64) -> f64 {
     let slo = ctx.route.settings().latency_slo.as_secs_f64();
     let predicted = match ctx.route.state(i).score_micros() {
         0 => slo / 2.0,
         u64::MAX => slo,
         us => us as f64 / 1e6,
     };
-    (slo - predicted).max(slo / 64.0)
+    (slo - predicted.max(latency)).max(slo / 64.0)
 }
 
 /// Whether `a` holds more requests in flight than its latency explains next to `b`.
@@ -280,7 +394,7 @@ fn fallback(ctx: &PickContext<'_>) -> Option<Choice> {
     let index = ctx
         .candidates()
         .filter(|&i| expected(i).level_with(&best))
-        .reduce(|a, b| prefer(ctx, a, b, Spread::Even))?;
+        .reduce(|a, b| prefer(ctx, a, b))?;
     route.state(index).charge(1.0);
     Some(Choice {
         index,
