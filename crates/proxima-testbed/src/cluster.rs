@@ -773,15 +773,16 @@ impl Cluster {
         let source = usage
             .clone()
             .map(|u| u as Arc<dyn proxima_nodes::UsageSource>);
-        let coordinates = NodeCoordinates::new(
-            Some(name.clone()),
-            VivaldiConfig::default(),
-            router.environment().max_age,
-            hash_seed(self.scenario.seed, &name),
-        );
-        let local = Arc::new(
-            LocalNode::new(Some(name.clone()), source).with_coordinates(Arc::new(coordinates)),
-        );
+        let mut local = LocalNode::new(Some(name.clone()), source);
+        if self.scenario.testbed.peer_coordinates {
+            local = local.with_coordinates(Arc::new(NodeCoordinates::new(
+                Some(name.clone()),
+                VivaldiConfig::default(),
+                router.environment().max_age,
+                hash_seed(self.scenario.seed, &name),
+            )));
+        }
+        let local = Arc::new(local);
         let readiness = Readiness::new();
         readiness.mark_synced();
         let admin = Arc::new(AdminState {

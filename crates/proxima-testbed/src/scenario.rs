@@ -53,7 +53,8 @@
 //! strategies: [qos-pool, round-robin, "proximity:alpha=0.8"]
 //! testbed: { discovery-interval: 200ms, peer-probe-interval: 500ms, client-timeout: 30s,
 //!            peer-share-bytes: 4096,    # 0: proxies share no pod reports
-//!            peer-sample: 32 }          # peers each proxy probes per round
+//!            peer-sample: 32,           # peers each proxy probes per round
+//!            peer-coordinates: true }   # false: no network coordinates
 //! variants:                     # optional: run everything once per variant, with
 //!   - { name: d3, delay: 3ms }  # `${delay}` replaced by the variant's value
 //! ```
@@ -354,6 +355,7 @@ struct TestbedDoc {
     client_timeout: Option<String>,
     peer_share_bytes: Option<usize>,
     peer_sample: Option<usize>,
+    peer_coordinates: Option<bool>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -814,6 +816,10 @@ pub struct TestbedSettings {
     /// emulation's probes all share the host's cores, so a large cluster probes fewer
     /// per round and leaves the rest to the network coordinates.
     pub peer_sample: usize,
+    /// Whether proxies keep network coordinates and exchange them in their ping replies
+    /// (false: a proxy knows only the RTTs it probed itself), so that the coordinates
+    /// can be shown on and off.
+    pub peer_coordinates: bool,
 }
 
 impl Default for TestbedSettings {
@@ -828,6 +834,7 @@ impl Default for TestbedSettings {
             client_timeout: Duration::from_secs(30),
             peer_share_bytes: proxima_nodes::share::DEFAULT_BUDGET,
             peer_sample: ProberConfig::default().max_peers_per_round,
+            peer_coordinates: true,
         }
     }
 }
@@ -1672,6 +1679,7 @@ fn check(doc: Doc) -> Result<Scenario, ScenarioError> {
             }
             given => given.unwrap_or(d.peer_sample),
         },
+        peer_coordinates: t.peer_coordinates.unwrap_or(d.peer_coordinates),
     };
     for (client, doc) in clients.iter_mut().zip(&doc.clients) {
         if doc.timeout.is_none() {
@@ -2091,6 +2099,31 @@ strategies: [round-robin, { label: P, spec: "proximity:alpha=0.8" }]
         let broken = SMALL.replace("80ms", "${nope}");
         let e = ScenarioFile::parse(&broken).unwrap_err().to_string();
         assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn sharing_and_coordinates_turn_on_and_off_per_variant() {
+        let text = format!(
+            "{SMALL}\ntestbed: {{ peer-share-bytes: ${{share}}, peer-coordinates: ${{coords}} }}\n\
+             variants:\n  - {{ name: alone, share: 0, coords: false }}\n  \
+             - {{ name: together, share: 4096, coords: true }}\n"
+        );
+        let file = ScenarioFile::parse(&text).unwrap();
+        let alone = file.variant("alone").unwrap().testbed;
+        assert_eq!((alone.peer_share_bytes, alone.peer_coordinates), (0, false));
+        let together = file.variant("together").unwrap().testbed;
+        assert_eq!(
+            (together.peer_share_bytes, together.peer_coordinates),
+            (4096, true)
+        );
+        assert!(
+            ScenarioFile::parse(SMALL)
+                .unwrap()
+                .variant("")
+                .unwrap()
+                .testbed
+                .peer_coordinates
+        );
     }
 
     #[test]

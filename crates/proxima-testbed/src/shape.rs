@@ -254,6 +254,7 @@ const TESTBED: Shape = Shape::Map(&[
     ("client-timeout", DURATION),
     ("peer-share-bytes", Shape::Scalar),
     ("peer-sample", Shape::Scalar),
+    ("peer-coordinates", Shape::Scalar),
 ]);
 /// The whole document.
 pub(crate) const SCENARIO: Shape = Shape::Map(&[
