@@ -22,6 +22,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod compare;
 pub mod coordinates;
 pub mod firewall;
 pub mod generate;

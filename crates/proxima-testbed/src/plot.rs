@@ -15,6 +15,8 @@
 //!   run, one line per strategy over the variants and one per variant over the
 //!   strategies (proxy-mity Fig. 9, RAP Fig. 6, KubeEdge Fig. 7).
 //!
+//! * `compare.png` (`proxima-testbed compare`): each strategy's share of reach per
+//!   scenario, and the points each is behind the best of its scenario;
 //! * `coordinates.png` (`proxima-testbed coordinates`): the median and p90 relative
 //!   error of network coordinates' RTT predictions after each probe round, one line per
 //!   cluster size.
@@ -809,6 +811,80 @@ pub fn coordinate_errors(
         "p90 error (%)",
         &x,
         &series(&|e| e.all.p90),
+    )?;
+    root.present().map_err(err)?;
+    Ok(true)
+}
+
+/// `compare.png` (`proxima-testbed compare`): per scenario, each strategy's share of
+/// reach (above) and how many points it is behind the best strategy of that scenario
+/// (below, where differences of a point or two are visible). `Ok(false)` without a font.
+pub fn comparison(
+    path: &Path,
+    comparison: &crate::compare::Comparison,
+) -> Result<bool, TestbedError> {
+    if let Err(why) = font() {
+        eprintln!("plot skipped: {why}");
+        return Ok(false);
+    }
+    let of_reach = |scenario: &String, label: &String| {
+        comparison
+            .cells
+            .get(&(scenario.clone(), label.clone()))
+            .map(|c| c.of_reach)
+    };
+    let best: Vec<f64> = comparison
+        .scenarios
+        .iter()
+        .map(|s| {
+            comparison
+                .labels
+                .iter()
+                .filter_map(|l| of_reach(s, l))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    let series = |f: &dyn Fn(usize, f64) -> f64| -> Vec<(String, Vec<f64>)> {
+        comparison
+            .labels
+            .iter()
+            .map(|l| {
+                let values = comparison
+                    .scenarios
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| of_reach(s, l).map_or(0.0, |v| f(i, v)))
+                    .collect();
+                (l.clone(), values)
+            })
+            .collect()
+    };
+    let worst = series(&|i, v| best[i] - v)
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(0.0, f64::max);
+    // The far-behind baselines would flatten the close ones: the scale stops at 20.
+    let cap = worst.clamp(1.0, 20.0);
+    let behind = series(&|i, v| (best[i] - v).min(cap));
+    let width = (300 + 90 * comparison.scenarios.len() * comparison.labels.len().max(1)) as u32;
+    let root = BitMapBackend::new(path, (width.clamp(900, 2400), 1000)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((2, 1));
+    bars(
+        &panels[0],
+        "share of the requests some pod could serve within the SLO that were (of reach)",
+        "of reach (%)",
+        &comparison.scenarios,
+        &series(&|_, v| v),
+        100.0,
+    )?;
+    bars(
+        &panels[1],
+        "points of reach behind the best strategy of the scenario (0: the best; at most 20 drawn)",
+        "points behind",
+        &comparison.scenarios,
+        &behind,
+        cap,
     )?;
     root.present().map_err(err)?;
     Ok(true)

@@ -6,6 +6,7 @@
 //! proxima-testbed check examples/scenarios/rap-delay.yaml
 //! proxima-testbed generate --nodes 12 --regions 3 --services 3 --seed 7 --out gen.yaml
 //! proxima-testbed coordinates --nodes 50,100,250 --seed 1,2,3 --plot coordinates.png
+//! proxima-testbed compare out/n20-seed1 out/n20-seed2 --lead qos-pool --out out/all
 //! ```
 
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use proxima_testbed::compare;
 use proxima_testbed::coordinates::{self, ErrorStats, SimOptions, SimReport};
 use proxima_testbed::generate::{generate, GenerateOptions};
 use proxima_testbed::report::{self, Provenance};
@@ -124,6 +126,20 @@ enum Command {
         /// Draw the error against rounds (first seed of each size) to this PNG file.
         #[arg(long)]
         plot: Option<PathBuf>,
+    },
+    /// Put several `run --out` directories side by side: each strategy's share of reach
+    /// per scenario (directory and variant), by how much `--lead` is ahead of the best
+    /// other, and the host's lag; writes compare.md, compare.csv and compare.png.
+    Compare {
+        /// `run --out` directories (each with its summary.csv).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// The strategy label whose margin over the others the table gives.
+        #[arg(long, default_value = "qos-pool")]
+        lead: String,
+        /// Where to write the files.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Write a random but valid scenario (every event kind once) to stdout or --out.
     Generate {
@@ -388,6 +404,15 @@ async fn run(command: Command) -> Result<()> {
                     eprintln!("wrote {}", path.display());
                 }
             }
+            Ok(())
+        }
+        Command::Compare { dirs, lead, out } => {
+            let comparison = compare::compare(compare::read_dirs(&dirs)?);
+            println!("{}", compare::write(&out, &comparison, &lead)?);
+            eprintln!(
+                "wrote compare.md, compare.csv and compare.png in {}",
+                out.display()
+            );
             Ok(())
         }
         Command::Check { scenario } => {
