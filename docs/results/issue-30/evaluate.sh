@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Issue 30's evaluation: generated scenarios (4 regions, every event kind once, the
+# busy-host phase among them) at several sizes and seeds, each strategy run one after
+# the other on a quiet host, then `proxima-testbed compare` over all of them; and one
+# scenario again with proxies that share nothing and with no network coordinates.
+#
+#   docs/results/issue-30/evaluate.sh                  # everything below, ~55 min
+#   RUNS="20:1" STRATEGIES_BIG=qos-pool docs/results/issue-30/evaluate.sh
+#
+# TESTBED  the binary [target/release/proxima-testbed]
+# OUT      where the scenarios, runs and comparison go [target/issue-30-eval]
+# RUNS     size:seed pairs ["20:1 20:2 20:3 50:1 50:2 100:1"]
+# DURATION seconds the clients send [60]
+# STRATEGIES       at 20 nodes: the lead first, then every baseline
+# STRATEGIES_BIG   above 20 nodes (fewer: each run takes longer)
+# ONOFF    the size:seed run again with sharing off and with coordinates off ["50:1"]
+#
+# Each run's progress line is the testbed's own; `uptime` is logged before and after
+# each scenario, as the numbers mean little on a busy host (see the lag column).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+TESTBED=${TESTBED:-target/release/proxima-testbed}
+OUT=${OUT:-target/issue-30-eval}
+RUNS=${RUNS:-"20:1 20:2 20:3 50:1 50:2 100:1"}
+DURATION=${DURATION:-60}
+STRATEGIES=${STRATEGIES:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap,proximity:alpha=0.8,p2c-ewma,round-robin,kube-proxy"}
+STRATEGIES_BIG=${STRATEGIES_BIG:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap"}
+ONOFF=${ONOFF:-"50:1"}
+LEAD=${LEAD:-${STRATEGIES%%,*}}
+
+[[ -x $TESTBED ]] || { echo "no $TESTBED: cargo build --release -p proxima-testbed" >&2; exit 1; }
+mkdir -p "$OUT/scenarios" "$OUT/runs"
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/log.txt" >&2; }
+
+# The generator's defaults, as in docs/results/issue-30.md: 5 services at 20 nodes, 4 above.
+generate() { # $1 nodes, $2 seed, $3 file
+    local services=4
+    (($1 <= 20)) && services=5
+    "$TESTBED" generate --nodes "$1" --regions 4 --services "$services" --seed "$2" \
+        --duration "$DURATION" --out "$3"
+}
+
+dirs=()
+for run in $RUNS; do
+    nodes=${run%%:*} seed=${run##*:}
+    name=n$nodes-seed$seed
+    file=$OUT/scenarios/$name.yaml
+    generate "$nodes" "$seed" "$file"
+    strategies=$STRATEGIES
+    ((nodes > 20)) && strategies=$STRATEGIES_BIG
+    log "$name: $strategies; $(uptime)"
+    "$TESTBED" run "$file" --strategies "$strategies" --no-plots --out "$OUT/runs/$name" \
+        > "$OUT/runs/$name.txt"
+    log "$name done; $(uptime)"
+    dirs+=("$OUT/runs/$name")
+done
+
+for run in $ONOFF; do
+    nodes=${run%%:*} seed=${run##*:}
+    name=n$nodes-seed$seed-onoff
+    file=$OUT/scenarios/$name.yaml
+    generate "$nodes" "$seed" "$file"
+    # The same scenario three ways: as generated, proxies that share nothing, and
+    # proxies without network coordinates (an RTT not probed is unknown).
+    sed -i -E 's/^testbed: \{ /testbed: { peer-share-bytes: ${share}, peer-coordinates: ${coords}, /' "$file"
+    cat >> "$file" <<'EOF'
+variants:
+  - { name: shared, share: 4096, coords: true }
+  - { name: alone, share: 0, coords: true }
+  - { name: no-coordinates, share: 4096, coords: false }
+EOF
+    log "$name: $LEAD, sharing and coordinates on and off; $(uptime)"
+    "$TESTBED" run "$file" --strategies "$LEAD" --no-plots --out "$OUT/runs/$name" \
+        > "$OUT/runs/$name.txt"
+    log "$name done; $(uptime)"
+    dirs+=("$OUT/runs/$name")
+done
+
+"$TESTBED" compare "${dirs[@]}" --lead "$LEAD" --out "$OUT"
+log "wrote $OUT/compare.md, compare.csv, compare.png"
