@@ -111,6 +111,11 @@ pub struct EndpointExplain {
     pub predicted_ms: Option<f64>,
     /// Exponentially weighted mean latency, ms (`null` without samples).
     pub ewma_ms: Option<f64>,
+    /// Room under the SLO that `qos-pool-spread: slack` ranks pool members by, ms: the
+    /// SLO less the larger of `predicted_ms` and the current peak-EWMA latency (half
+    /// the SLO without a prediction; at least 1/64 of it). Members within an eighth of
+    /// the SLO of the roomiest share the load.
+    pub slack_ms: f64,
     /// Requests in flight to it now, through this proxy.
     pub in_flight: u32,
     /// Attempts started on it since it was discovered ([`crate::EndpointState::requests`]).
@@ -477,6 +482,12 @@ fn explain_route(
                 within_slo: prediction.within_slo,
                 predicted_ms: quantile.map(ms),
                 ewma_ms: prediction.ewma.map(ms),
+                slack_ms: 1e3
+                    * crate::strategy::qos_pool::room(
+                        route.spec.settings.latency_slo,
+                        ep.state.score_micros(),
+                        ep.state.peak_ewma(now).map_or(0.0, |l| l.as_secs_f64()),
+                    ),
                 in_flight: ep.state.in_flight(),
                 requests: ep.state.requests(),
                 failures: ep.state.failures(),

@@ -878,6 +878,11 @@ fn the_slack_spread_sends_more_to_the_near_pod_with_room() {
     let near = f64::from(counts["pod-0"]) / f64::from(counts.values().sum::<u32>());
     assert!(near >= 0.7, "{counts:?}");
     assert!(counts["pod-1"] > 0, "starved: {counts:?}");
+    // /debug/pools shows the room each was ranked by: about 9 ms and 3 ms.
+    let end = t0 + ms(5) * 6000;
+    let room = |id: &str| explain(&r, end, id).slack_ms;
+    assert!((7.0..=9.5).contains(&room("pod-0")), "{}", room("pod-0"));
+    assert!((2.0..=3.5).contains(&room("pod-1")), "{}", room("pod-1"));
 }
 
 #[test]

@@ -13,7 +13,7 @@ mod local;
 mod p2c_ewma;
 mod params;
 mod proximity;
-mod qos_pool;
+pub(crate) mod qos_pool;
 mod rap;
 
 use std::collections::BTreeMap;

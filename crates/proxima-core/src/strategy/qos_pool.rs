@@ -90,6 +90,8 @@
 //! * Instance state updates (event 2) rebuild the pool from the endpoints' current
 //!   conditions; measurements survive them.
 
+use std::time::Duration;
+
 use rand::{Rng, RngCore};
 
 use super::params::Params;
@@ -343,15 +345,21 @@ fn hot(a: &Seen, seen: &[Seen]) -> bool {
         })
 }
 
-/// How far member `i`'s expected time sits below the SLO, in seconds: the larger of its
-/// predicted time at the SLO percentile (the verdict window) and its current peak-EWMA
-/// `latency` (which a queue at the pod, from any proxy, raises within a request or two
-/// where the window takes many). A member without a prediction is taken to sit at half
-/// the SLO, and one at or over it (in the pool within its verdict margin) keeps 1/64 of
-/// the SLO.
+/// How far member `i`'s expected time sits below the SLO, in seconds (see [`room`]).
 fn slack(ctx: &PickContext<'_>, i: usize, latency: f64) -> f64 {
-    let slo = ctx.route.settings().latency_slo.as_secs_f64();
-    let predicted = match ctx.route.state(i).score_micros() {
+    let slo = ctx.route.settings().latency_slo;
+    room(slo, ctx.route.state(i).score_micros(), latency)
+}
+
+/// The slack the slack spread ranks members by, in seconds: `slo` less the larger of
+/// the predicted time at the SLO percentile (`score_micros`, from the verdict window)
+/// and the current peak-EWMA `latency` in seconds (which a queue at the pod, from any
+/// proxy, raises within a request or two where the window takes many). A member
+/// without a prediction is taken to sit at half the SLO, and one at or over it (in the
+/// pool within its verdict margin) keeps 1/64 of the SLO.
+pub(crate) fn room(slo: Duration, score_micros: u64, latency: f64) -> f64 {
+    let slo = slo.as_secs_f64();
+    let predicted = match score_micros {
         0 => slo / 2.0,
         u64::MAX => slo,
         us => us as f64 / 1e6,
