@@ -112,9 +112,9 @@ pub struct EndpointExplain {
     /// Exponentially weighted mean latency, ms (`null` without samples).
     pub ewma_ms: Option<f64>,
     /// Room under the SLO that `qos-pool-spread: slack` ranks pool members by, ms: the
-    /// SLO less the larger of `predicted_ms` and the current peak-EWMA latency (half
-    /// the SLO without a prediction; at least 1/64 of it). Members within an eighth of
-    /// the SLO of the roomiest share the load.
+    /// SLO less the larger of `predicted_ms` and the current peak-EWMA latency (without
+    /// a measurement, the node's RTT plus the service's processing time; at least 1/64
+    /// of the SLO). Members within an eighth of the SLO of the roomiest share the load.
     pub slack_ms: f64,
     /// Requests in flight to it now, through this proxy.
     pub in_flight: u32,
@@ -485,7 +485,7 @@ fn explain_route(
                 slack_ms: 1e3
                     * crate::strategy::qos_pool::room(
                         route.spec.settings.latency_slo,
-                        ep.state.score_micros(),
+                        crate::strategy::qos_pool::predicted_micros(route, i, env, local_node, now),
                         ep.state.peak_ewma(now).map_or(0.0, |l| l.as_secs_f64()),
                     ),
                 in_flight: ep.state.in_flight(),

@@ -795,6 +795,32 @@ fn the_slack_spread_sends_the_roomy_pods_most_evenly_and_starves_none() {
     );
 }
 
+#[test]
+fn the_slack_spread_ranks_a_pod_nobody_measured_by_its_rtt_and_the_processing_time() {
+    // pod-0 on this node answers in 45 ms (35 ms of room under 80 ms); pod-1, never
+    // measured, is 60 ms away: 60 ms + the service's 45 ms of processing is past the
+    // SLO, so it has the least room, not the "half the SLO" of an unknown pod.
+    let t0 = Instant::now();
+    let r = router(
+        2,
+        &[("latency-slo", "80ms"), ("qos-pool-spread", "slack")],
+        t0,
+    );
+    r.update_environment(|env| env.set_latency("node-1", ms(60), t0));
+    let mut rng = SmallRng::seed_from_u64(23);
+    let mut now = t0;
+    for _ in 0..10 {
+        let p = r
+            .pick(&key(), None, now, &mut rng, &["pod-1".into()])
+            .unwrap();
+        now += ms(50);
+        r.record(&p, now, ok(ms(45)));
+    }
+    let room = |id: &str| explain(&r, now, id).slack_ms;
+    assert!((30.0..=36.0).contains(&room("pod-0")), "{}", room("pod-0"));
+    assert!(room("pod-1") <= 80.0 / 64.0 + 1e-9, "{}", room("pod-1"));
+}
+
 /// A request every `gap` for `requests` requests. pod-0 is near but works on one request
 /// at a time, `service` each (a single-worker queue: a request waits for those ahead of
 /// it); pod-1 is far and answers in `far` whatever the load. Returns the share of

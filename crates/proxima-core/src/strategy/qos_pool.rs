@@ -347,20 +347,44 @@ fn hot(a: &Seen, seen: &[Seen]) -> bool {
 
 /// How far member `i`'s expected time sits below the SLO, in seconds (see [`room`]).
 fn slack(ctx: &PickContext<'_>, i: usize, latency: f64) -> f64 {
-    let slo = ctx.route.settings().latency_slo;
-    room(slo, ctx.route.state(i).score_micros(), latency)
+    let route = ctx.route;
+    let predicted = predicted_micros(route, i, ctx.environment, ctx.local_node, ctx.now);
+    room(route.settings().latency_slo, predicted, latency)
+}
+
+/// Member `i`'s predicted time at the SLO percentile, µs: this proxy's own when it has
+/// measured it; otherwise what [`Route::expected`](crate::Route::expected) expects of it
+/// (its node's RTT plus the processing time a neighbour or the service's other pods
+/// show, or the SLO when the RTT is unknown), so that a pod nobody measured is neither
+/// the roomiest by default nor ranked by its network distance alone.
+pub(crate) fn predicted_micros(
+    route: &crate::Route,
+    i: usize,
+    env: &crate::environment::Environment,
+    local_node: Option<&str>,
+    now: std::time::Instant,
+) -> u64 {
+    match route.state(i).score_micros() {
+        0 => {
+            let service_wide = route
+                .heard_processing(i, env, now)
+                .is_none()
+                .then(|| route.processing_estimate(env, local_node, now))
+                .flatten();
+            route.expected(i, service_wide, env, local_node, now).micros
+        }
+        measured => measured,
+    }
 }
 
 /// The slack the slack spread ranks members by, in seconds: `slo` less the larger of
-/// the predicted time at the SLO percentile (`score_micros`, from the verdict window)
-/// and the current peak-EWMA `latency` in seconds (which a queue at the pod, from any
-/// proxy, raises within a request or two where the window takes many). A member
-/// without a prediction is taken to sit at half the SLO, and one at or over it (in the
-/// pool within its verdict margin) keeps 1/64 of the SLO.
-pub(crate) fn room(slo: Duration, score_micros: u64, latency: f64) -> f64 {
+/// the predicted time at the SLO percentile ([`predicted_micros`]) and the current
+/// peak-EWMA `latency` in seconds (which a queue at the pod, from any proxy, raises
+/// within a request or two where the window takes many). A member at or over the SLO
+/// (in the pool within its verdict margin) keeps 1/64 of the SLO.
+pub(crate) fn room(slo: Duration, predicted_micros: u64, latency: f64) -> f64 {
     let slo = slo.as_secs_f64();
-    let predicted = match score_micros {
-        0 => slo / 2.0,
+    let predicted = match predicted_micros {
         u64::MAX => slo,
         us => us as f64 / 1e6,
     };
