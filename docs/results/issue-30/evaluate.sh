@@ -4,15 +4,16 @@
 # the other on a quiet host, then `proxima-testbed compare` over all of them; and one
 # scenario again with proxies that share nothing and with no network coordinates.
 #
-#   docs/results/issue-30/evaluate.sh                  # everything below, ~55 min
-#   RUNS="20:1" STRATEGIES_BIG=qos-pool docs/results/issue-30/evaluate.sh
+#   docs/results/issue-30/evaluate.sh                  # everything below, ~45 min
+#   RUNS="20:1" STRATEGIES=qos-pool,local FULL= docs/results/issue-30/evaluate.sh
 #
 # TESTBED  the binary [target/release/proxima-testbed]
 # OUT      where the scenarios, runs and comparison go [target/issue-30-eval]
 # RUNS     size:seed pairs ["20:1 20:2 20:3 50:1 50:2 100:1"]
 # DURATION seconds the clients send [60]
-# STRATEGIES       at 20 nodes: the lead first, then every baseline
-# STRATEGIES_BIG   above 20 nodes (fewer: each run takes longer)
+# STRATEGIES  every run: the lead first, then the strong baselines
+# WEAK        the baselines far behind on every scenario so far (10-55 points), run
+#             only on the FULL size:seed pairs ["20:1"] to keep the whole under an hour
 # ONOFF    the size:seed run again with sharing off and with coordinates off ["50:1"]
 #
 # Each run's progress line is the testbed's own; `uptime` is logged before and after
@@ -23,8 +24,9 @@ TESTBED=${TESTBED:-target/release/proxima-testbed}
 OUT=${OUT:-target/issue-30-eval}
 RUNS=${RUNS:-"20:1 20:2 20:3 50:1 50:2 100:1"}
 DURATION=${DURATION:-60}
-STRATEGIES=${STRATEGIES:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap,proximity:alpha=0.8,p2c-ewma,round-robin,kube-proxy"}
-STRATEGIES_BIG=${STRATEGIES_BIG:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap"}
+STRATEGIES=${STRATEGIES:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap"}
+WEAK=${WEAK:-"proximity:alpha=0.8,p2c-ewma,round-robin,kube-proxy"}
+FULL=${FULL:-"20:1"}
 ONOFF=${ONOFF:-"50:1"}
 LEAD=${LEAD:-${STRATEGIES%%,*}}
 
@@ -47,7 +49,7 @@ for run in $RUNS; do
     file=$OUT/scenarios/$name.yaml
     generate "$nodes" "$seed" "$file"
     strategies=$STRATEGIES
-    ((nodes > 20)) && strategies=$STRATEGIES_BIG
+    [[ " $FULL " == *" $run "* ]] && strategies=$strategies,$WEAK
     log "$name: $strategies; $(uptime)"
     "$TESTBED" run "$file" --strategies "$strategies" --no-plots --out "$OUT/runs/$name" \
         > "$OUT/runs/$name.txt"
