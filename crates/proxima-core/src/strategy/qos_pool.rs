@@ -40,10 +40,10 @@
 //!   some other one: more than its latency explains, a queue starting. Among the members
 //!   that are not hot, the ones whose *slack* (the SLO less the predicted time at the
 //!   SLO percentile, or less the current peak-EWMA latency when that is larger) is
-//!   within an eighth of the SLO of the largest form the *roomy
-//!   tier*, and the request goes to one of them at random (weighted by slow start), so
-//!   that pods with clearly more room take the load and pods level with each other share
-//!   it evenly. All hot: the even rule decides. This is Prequal's hot-cold rule
+//!   within an eighth of the SLO of the largest form the *roomy tier*, and the request
+//!   goes to the one of them with the lowest spreading counter (the even rule's stride
+//!   scheduling, slow start included, within the tier), so that pods with clearly more
+//!   room take the load and pods level with each other share it evenly. All hot: the even rule decides. This is Prequal's hot-cold rule
 //!   (Wydrowski et al., NSDI 2024, §3: among the replicas of the probe pool that are not
 //!   hot, the lowest latency; load as requests in flight), with the SLO's slack as the
 //!   latency side and levels of an eighth of the SLO so that near-equal pods are not
@@ -253,8 +253,8 @@ struct Seen {
     slack: f64,
 }
 
-/// The slack rule (see the module docs): a member of the roomy tier among the usable
-/// ones that are not hot, at random weighted by slow start. `None` when fewer than two
+/// The slack rule (see the module docs): the member of the roomy tier among the usable
+/// ones that are not hot with the lowest spreading counter. `None` when fewer than two
 /// usable members were found or every one is hot (the even rule then decides).
 fn roomiest(
     ctx: &PickContext<'_>,
@@ -275,20 +275,11 @@ fn roomiest(
         .map(|s| s.slack)
         .reduce(f64::max)?;
     let level = best - ctx.route.settings().latency_slo.as_secs_f64() / SLACK_LEVELS;
-    let slow_start = ctx.route.settings().qos_pool.slow_start;
-    let weight = |s: &Seen| ctx.route.state(s.index).weight(ctx.now, slow_start);
-    let tier = || seen.iter().filter(|s| s.slack >= level && cold(s));
-    let total: f64 = tier().map(weight).sum();
-    let mut draw = rng.gen::<f64>() * total;
-    let mut last = None;
-    for s in tier() {
-        draw -= weight(s);
-        last = Some(s.index);
-        if draw < 0.0 {
-            break;
-        }
-    }
-    last
+    let picks = |s: &&Seen| ctx.route.state(s.index).picks();
+    seen.iter()
+        .filter(|s| s.slack >= level && cold(s))
+        .min_by_key(picks)
+        .map(|s| s.index)
 }
 
 /// Fill `seen` with up to [`SLACK_SAMPLE`] distinct usable members, starting at a random
