@@ -2,7 +2,8 @@
 //! for services of 10, 100 and 1000 endpoints.
 //!
 //! Every strategy the settings know ([`KNOWN_STRATEGIES`]) is measured, so a new one is
-//! benchmarked without editing this file.
+//! benchmarked without editing this file; the QoS pool once per spread as well
+//! (`qos-pool:spread=even`, `qos-pool:spread=slack`).
 //!
 //! `cargo bench --bench routing` (add `-- --quick` for a fast pass). Everything runs on
 //! the pure core: no sockets, no runtime, a seeded RNG, explicit time.
@@ -27,9 +28,14 @@ fn key() -> ServiceKey {
 /// (`window` samples each) so the pool is in its steady state: 80% of the endpoints meet
 /// the 80 ms SLO, 20% are evicted. The warm-up's measurements are stamped from `now`
 /// on, 1 µs apart; returns the router and the time of the last one.
-fn warmed_router(strategy: &str, n: usize, now: Instant) -> (Router, Instant) {
-    let (settings, errors) =
-        ServiceSettings::from_pairs([("latency-slo", "80ms"), ("strategy", strategy)]);
+fn warmed_router(spec: &str, n: usize, now: Instant) -> (Router, Instant) {
+    let (strategy, spread) = match spec.split_once(":spread=") {
+        Some((strategy, spread)) => (strategy, Some(spread)),
+        None => (spec, None),
+    };
+    let mut pairs = vec![("latency-slo", "80ms"), ("strategy", strategy)];
+    pairs.extend(spread.map(|spread| ("qos-pool-spread", spread)));
+    let (settings, errors) = ServiceSettings::from_pairs(pairs);
     assert!(errors.is_empty(), "{errors:?}");
     let endpoints = (0..n)
         .map(|i| {
@@ -95,9 +101,20 @@ fn warmed_router(strategy: &str, n: usize, now: Instant) -> (Router, Instant) {
 /// other effect of the clock, the peak EWMA's decay, does not change a record's cost.
 const RECORD_STEP: Duration = Duration::from_nanos(10);
 
+/// Every known strategy, and the QoS pool with each spread.
+fn specs() -> Vec<String> {
+    let mut specs: Vec<String> = KNOWN_STRATEGIES.iter().map(|s| s.to_string()).collect();
+    specs.extend([
+        "qos-pool:spread=even".into(),
+        "qos-pool:spread=slack".into(),
+    ]);
+    specs
+}
+
 fn bench_pick(c: &mut Criterion) {
     let mut group = c.benchmark_group("pick");
-    for &strategy in KNOWN_STRATEGIES {
+    for spec in specs() {
+        let strategy = spec.as_str();
         for n in SIZES {
             let now = Instant::now();
             let mut router = None;
@@ -119,7 +136,8 @@ fn bench_pick(c: &mut Criterion) {
 
 fn bench_record(c: &mut Criterion) {
     let mut group = c.benchmark_group("record");
-    for &strategy in KNOWN_STRATEGIES {
+    for spec in specs() {
+        let strategy = spec.as_str();
         for n in SIZES {
             let now = Instant::now();
             let mut router = None;

@@ -482,6 +482,13 @@ impl EndpointState {
         prediction
     }
 
+    /// The peak-EWMA response time in seconds as of its last sample, before the decay
+    /// since (so at least [`Self::peak_ewma`] at any later time); 0 before the first
+    /// sample. Cheaper than the decay, which takes an `exp`.
+    pub fn peak_ewma_bound_secs(&self) -> f64 {
+        f64::from_bits(self.peak_ewma_bits.load(Ordering::Relaxed)).max(0.0)
+    }
+
     /// The peak-EWMA response time at `now` (decayed since its last sample), or `None`
     /// before the first sample. Reading never changes it.
     pub fn peak_ewma(&self, now: Instant) -> Option<Duration> {

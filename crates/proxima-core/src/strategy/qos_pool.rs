@@ -248,8 +248,11 @@ const SLACK_LEVELS: f64 = 8.0;
 struct Seen {
     index: usize,
     in_flight: f64,
-    /// Peak-EWMA latency in seconds, 0 while unknown.
+    /// Peak-EWMA latency in seconds (0 while unknown): decayed to now when `exact`,
+    /// else its bound before the decay, which lies below the prediction (so that the
+    /// slack does not need the decay).
     latency: f64,
+    exact: bool,
     slack: f64,
 }
 
@@ -264,22 +267,35 @@ fn roomiest(
 ) -> Option<usize> {
     let mut seen = [Seen::default(); SLACK_SAMPLE];
     let len = look_at(ctx, count, member, rng, &mut seen);
-    let seen = &seen[..len];
     if len < 2 {
         return None;
     }
-    let cold = |s: &Seen| !hot(s, seen);
-    let best = seen
-        .iter()
-        .filter(|s| cold(s))
-        .map(|s| s.slack)
+    let seen = &mut seen[..len];
+    // The hot test compares latencies: decay them all when any member may be hot.
+    if seen.iter().any(|s| s.in_flight >= HOT_SLACK) {
+        for s in seen.iter_mut().filter(|s| !s.exact) {
+            s.latency = decayed_peak_ewma(ctx, s.index);
+        }
+    }
+    let seen = &*seen;
+    let mut cold = [false; SLACK_SAMPLE];
+    for (k, s) in seen.iter().enumerate() {
+        cold[k] = !hot(s, seen);
+    }
+    let best = (0..len)
+        .filter(|&k| cold[k])
+        .map(|k| seen[k].slack)
         .reduce(f64::max)?;
     let level = best - ctx.route.settings().latency_slo.as_secs_f64() / SLACK_LEVELS;
-    let picks = |s: &&Seen| ctx.route.state(s.index).picks();
-    seen.iter()
-        .filter(|s| s.slack >= level && cold(s))
-        .min_by_key(picks)
-        .map(|s| s.index)
+    (0..len)
+        .filter(|&k| cold[k] && seen[k].slack >= level)
+        .map(|k| seen[k].index)
+        .min_by_key(|&i| ctx.route.state(i).picks())
+}
+
+fn decayed_peak_ewma(ctx: &PickContext<'_>, index: usize) -> f64 {
+    let state = ctx.route.state(index);
+    state.peak_ewma(ctx.now).map_or(0.0, |l| l.as_secs_f64())
 }
 
 /// Fill `seen` with up to [`SLACK_SAMPLE`] distinct usable members, starting at a random
@@ -298,13 +314,23 @@ fn look_at(
             return;
         }
         let state = ctx.route.state(index);
-        let latency = state.peak_ewma(ctx.now).map_or(0.0, |l| l.as_secs_f64());
         let in_flight = f64::from(state.in_flight());
+        let predicted = predicted_secs(ctx, index);
+        // The decay since the last sample only lowers the peak EWMA: it matters when
+        // the EWMA's bound is above the prediction, or for the hot test.
+        let bound = state.peak_ewma_bound_secs();
+        let exact = bound > predicted || in_flight >= HOT_SLACK;
+        let latency = if exact {
+            decayed_peak_ewma(ctx, index)
+        } else {
+            bound
+        };
         seen[len] = Seen {
             index,
             in_flight,
             latency,
-            slack: slack(ctx, index, latency),
+            exact,
+            slack: room(ctx.route.settings().latency_slo, predicted, latency),
         };
         len += 1;
     };
@@ -336,11 +362,13 @@ fn hot(a: &Seen, seen: &[Seen]) -> bool {
         })
 }
 
-/// How far member `i`'s expected time sits below the SLO, in seconds (see [`room`]).
-fn slack(ctx: &PickContext<'_>, i: usize, latency: f64) -> f64 {
-    let route = ctx.route;
-    let predicted = predicted_micros(route, i, ctx.environment, ctx.local_node, ctx.now);
-    room(route.settings().latency_slo, predicted, latency)
+/// Member `i`'s predicted time at the SLO percentile in seconds ([`predicted_micros`];
+/// the SLO when that rank is a failure).
+fn predicted_secs(ctx: &PickContext<'_>, i: usize) -> f64 {
+    match predicted_micros(ctx.route, i, ctx.environment, ctx.local_node, ctx.now) {
+        u64::MAX => ctx.route.settings().latency_slo.as_secs_f64(),
+        us => us as f64 / 1e6,
+    }
 }
 
 /// Member `i`'s predicted time at the SLO percentile, µs: this proxy's own when it has
@@ -360,7 +388,7 @@ pub(crate) fn predicted_micros(
             let service_wide = route
                 .heard_processing(i, env, now)
                 .is_none()
-                .then(|| route.processing_estimate(env, local_node, now))
+                .then(|| route.recent_processing_estimate(env, local_node, now))
                 .flatten();
             route.expected(i, service_wide, env, local_node, now).micros
         }
@@ -369,16 +397,12 @@ pub(crate) fn predicted_micros(
 }
 
 /// The slack the slack spread ranks members by, in seconds: `slo` less the larger of
-/// the predicted time at the SLO percentile ([`predicted_micros`]) and the current
-/// peak-EWMA `latency` in seconds (which a queue at the pod, from any proxy, raises
-/// within a request or two where the window takes many). A member at or over the SLO
-/// (in the pool within its verdict margin) keeps 1/64 of the SLO.
-pub(crate) fn room(slo: Duration, predicted_micros: u64, latency: f64) -> f64 {
+/// the `predicted` time at the SLO percentile (seconds, [`predicted_secs`]) and the
+/// current peak-EWMA `latency` in seconds (which a queue at the pod, from any proxy,
+/// raises within a request or two where the window takes many). A member at or over
+/// the SLO (in the pool within its verdict margin) keeps 1/64 of the SLO.
+pub(crate) fn room(slo: Duration, predicted: f64, latency: f64) -> f64 {
     let slo = slo.as_secs_f64();
-    let predicted = match predicted_micros {
-        u64::MAX => slo,
-        us => us as f64 / 1e6,
-    };
     (slo - predicted.max(latency)).max(slo / 64.0)
 }
 
