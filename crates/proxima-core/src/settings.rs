@@ -374,6 +374,15 @@ impl ServiceSettings {
                 }
                 self.params.insert(key.to_string(), value.to_string());
             }
+            "qos-pool-slack-levels" => {
+                if !value
+                    .parse::<f64>()
+                    .is_ok_and(|v| (1.0..=1000.0).contains(&v))
+                {
+                    return Err(SettingError::new(key, value, "a number from 1 to 1000"));
+                }
+                self.params.insert(key.to_string(), value.to_string());
+            }
             other => {
                 // `<strategy>-<param>` keys belong to strategies; anything else (a typo
                 // such as `latency-sloo`) is reported rather than silently ignored.

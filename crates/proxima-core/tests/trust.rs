@@ -1136,3 +1136,14 @@ fn without_a_measured_member_new_pods_still_take_traffic_on_the_initial_estimate
     }
     assert_eq!(r.first_probes_pending(t0 + ms(5)), 0);
 }
+
+#[test]
+fn the_slack_tier_width_is_a_setting_checked_like_the_others() {
+    let (_, errors) = ServiceSettings::from_pairs([("qos-pool-slack-levels", "32")]);
+    assert!(errors.is_empty(), "{errors:?}");
+    for bad in ["0", "x", "5000"] {
+        let (_, errors) = ServiceSettings::from_pairs([("qos-pool-slack-levels", bad)]);
+        assert_eq!(errors.len(), 1, "{bad}: {errors:?}");
+        assert!(errors[0].expected.contains("1 to 1000"), "{errors:?}");
+    }
+}

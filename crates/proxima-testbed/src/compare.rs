@@ -95,13 +95,21 @@ pub fn read_summary(name: &str, text: &str) -> Result<Vec<Cell>, TestbedError> {
     let mut cells = Vec::new();
     for line in lines.filter(|l| !l.trim().is_empty()) {
         let row = csv_fields(line);
-        let scenario = match row.get(variant).map(String::as_str) {
-            None | Some("") => name.to_string(),
-            Some(v) => format!("{name} [{v}]"),
+        let variant = row.get(variant).map_or("", String::as_str);
+        let scenario = match variant {
+            "" => name.to_string(),
+            v => format!("{name} [{v}]"),
         };
+        // A run's label is `<variant> <strategy>`: the variant is in the scenario.
+        let label = row.get(label).map_or("", String::as_str);
+        let label = label
+            .strip_prefix(variant)
+            .and_then(|l| l.strip_prefix(' '))
+            .filter(|_| !variant.is_empty())
+            .unwrap_or(label);
         cells.push(Cell {
             scenario,
-            label: row.get(label).cloned().unwrap_or_default(),
+            label: label.to_string(),
             of_reach: number(&row, reach)?,
             within_slo: number(&row, within)?,
             services_met: (number(&row, met)? as u32, number(&row, services)? as u32),
@@ -300,8 +308,8 @@ mod tests {
         .join("\n");
         let b = [
             HEADER.to_string(),
-            row("alone", "qos-pool", 80.0, 9.0),
-            row("alone", "local", 85.0, 1.0),
+            row("alone", "alone qos-pool", 80.0, 9.0),
+            row("alone", "alone local", 85.0, 1.0),
         ]
         .join("\n");
         let mut cells = read_summary("n20-seed1", &a).unwrap();

@@ -99,9 +99,17 @@ use super::{two_choices_among, Choice, PickContext, Reason, Strategy};
 use crate::settings::{ServiceSettings, SettingError};
 
 /// QEdgeProxy's QoS pool with two-choice spreading (see the module docs).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct QosPool {
     spread: Spread,
+    /// Slacks within `SLO / levels` of the largest are level (the roomy tier).
+    levels: f64,
+}
+
+impl Default for QosPool {
+    fn default() -> Self {
+        Self::new(Spread::default(), SLACK_LEVELS)
+    }
 }
 
 /// How requests are spread inside the pool (`qos-pool-spread`).
@@ -120,12 +128,14 @@ pub enum Spread {
 const EVEN_TURNS: u32 = 8;
 
 impl QosPool {
-    /// The strategy with `spread`.
-    pub fn new(spread: Spread) -> Self {
-        Self { spread }
+    /// The strategy with `spread`; under [`Spread::Slack`], slacks within
+    /// `SLO / levels` of the largest are level.
+    pub fn new(spread: Spread, levels: f64) -> Self {
+        Self { spread, levels }
     }
 
-    /// Build from a service's settings (`qos-pool-spread: even | slack`).
+    /// Build from a service's settings (`qos-pool-spread: even | slack`,
+    /// `qos-pool-slack-levels`: 8 unless set).
     pub fn build(settings: &ServiceSettings) -> (Box<dyn Strategy>, Vec<SettingError>) {
         let mut p = Params::new(settings, "qos-pool");
         let spread = p.choice(
@@ -133,7 +143,8 @@ impl QosPool {
             Spread::default(),
             &[("even", Spread::Even), ("slack", Spread::Slack)],
         );
-        (Box::new(Self::new(spread)), p.errors)
+        let levels = p.number("slack-levels", SLACK_LEVELS, 1.0, 1000.0);
+        (Box::new(Self::new(spread, levels)), p.errors)
     }
 }
 
@@ -160,7 +171,7 @@ impl Strategy for QosPool {
             0 => None,
             1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
             n => (rule == Spread::Slack)
-                .then(|| roomiest(ctx, n, |p| pool.get(p), rng))
+                .then(|| roomiest(ctx, n, |p| pool.get(p), rng, self.levels))
                 .flatten()
                 .or_else(|| {
                     two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b))
@@ -240,7 +251,8 @@ fn prefer(ctx: &PickContext<'_>, a: usize, b: usize) -> usize {
 /// pool of a few pods (the common case) is looked at whole.
 const SLACK_SAMPLE: usize = 8;
 
-/// Slacks within `SLO / SLACK_LEVELS` of the largest count as level (the roomy tier).
+/// Slacks within `SLO / SLACK_LEVELS` of the largest count as level (the roomy tier),
+/// unless `qos-pool-slack-levels` says otherwise.
 const SLACK_LEVELS: f64 = 8.0;
 
 /// A member as the slack rule sees it.
@@ -264,6 +276,7 @@ fn roomiest(
     count: usize,
     member: impl Fn(usize) -> usize,
     rng: &mut dyn RngCore,
+    levels: f64,
 ) -> Option<usize> {
     let mut seen = [Seen::default(); SLACK_SAMPLE];
     let len = look_at(ctx, count, member, rng, &mut seen);
@@ -286,7 +299,7 @@ fn roomiest(
         .filter(|&k| cold[k])
         .map(|k| seen[k].slack)
         .reduce(f64::max)?;
-    let level = best - ctx.route.settings().latency_slo.as_secs_f64() / SLACK_LEVELS;
+    let level = best - ctx.route.settings().latency_slo.as_secs_f64() / levels;
     (0..len)
         .filter(|&k| cold[k] && seen[k].slack >= level)
         .map(|k| seen[k].index)
