@@ -45,10 +45,11 @@
 //! old. A sample's position in the sequence of samples is implied by its place in the
 //! window, the window's storage grows with the samples instead of being reserved up
 //! front, and the buffer for ranking a window with stale samples is one per thread,
-//! not one per endpoint.
+//! not one per endpoint. The samples and their sorted copy share one allocation
+//! ([`Window`]): at 50,000 idle endpoints, each with the one sample of its first probe,
+//! two allocations were 80 bytes an endpoint with the allocator's headers, one is 32.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Weight of the newest sample in the EWMA.
@@ -84,20 +85,178 @@ thread_local! {
 /// wide, stored as `u32`.
 type Stamp = i64;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Sample {
     at: u32,
     micros: u32,
 }
 
+/// The samples of a window, oldest first (their stamps ascending; see the module docs),
+/// and their values sorted, in one allocation of `3 × cap` words: the samples' stamps,
+/// then their values, both a ring of `cap` slots starting at `head`; then the values
+/// sorted ascending in the first `len` of the last `cap` slots.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    buf: Box<[u32]>,
+    head: u32,
+    len: u32,
+}
+
+impl Window {
+    fn cap(&self) -> usize {
+        self.buf.len() / 3
+    }
+
+    fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// The ring slot of the `i`-th oldest sample.
+    fn slot(&self, i: usize) -> usize {
+        let slot = self.head as usize + i;
+        let cap = self.cap();
+        if slot >= cap {
+            slot - cap
+        } else {
+            slot
+        }
+    }
+
+    /// The `i`-th oldest sample (`i < len`).
+    fn get(&self, i: usize) -> Sample {
+        let slot = self.slot(i);
+        Sample {
+            at: self.buf[slot],
+            micros: self.buf[self.cap() + slot],
+        }
+    }
+
+    fn front(&self) -> Option<Sample> {
+        (self.len > 0).then(|| self.get(0))
+    }
+
+    fn back(&self) -> Option<Sample> {
+        self.len().checked_sub(1).map(|i| self.get(i))
+    }
+
+    /// The samples from the `first`-th oldest on, oldest first.
+    fn iter_from(&self, first: usize) -> impl Iterator<Item = Sample> + '_ {
+        (first..self.len()).map(|i| self.get(i))
+    }
+
+    /// The first index whose sample fails `pred`, which holds for a prefix.
+    fn partition_point(&self, pred: impl Fn(Sample) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if pred(self.get(mid)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The values, ascending.
+    fn sorted(&self) -> &[u32] {
+        let start = 2 * self.cap();
+        &self.buf[start..start + self.len()]
+    }
+
+    /// Put `micros` into the sorted values (one more than `len` of them after).
+    fn insert_sorted(&mut self, micros: u32) {
+        let start = 2 * self.cap();
+        let len = self.len();
+        let values = &mut self.buf[start..start + len + 1];
+        let at = values[..len].partition_point(|&v| v < micros);
+        values.copy_within(at..len, at + 1);
+        values[at] = micros;
+    }
+
+    /// Take one `micros` out of the sorted values (one fewer than `len` of them after).
+    fn remove_sorted(&mut self, micros: u32) {
+        let start = 2 * self.cap();
+        let len = self.len();
+        let values = &mut self.buf[start..start + len];
+        let at = values.partition_point(|&v| v < micros);
+        values.copy_within(at + 1..len, at);
+    }
+
+    /// Append `sample` as the newest; the storage grows (doubling, up to `limit`
+    /// samples) when full.
+    fn push_back(&mut self, sample: Sample, limit: usize) {
+        if self.len() == self.cap() {
+            self.grow(limit);
+        }
+        let slot = self.slot(self.len());
+        let cap = self.cap();
+        self.buf[slot] = sample.at;
+        self.buf[cap + slot] = sample.micros;
+        self.insert_sorted(sample.micros);
+        self.len += 1;
+    }
+
+    /// Room for more samples: twice as many, at least 2 (a 32-byte allocation holds
+    /// them, the least the allocator gives), at most `limit` but always one more.
+    #[cold]
+    fn grow(&mut self, limit: usize) {
+        let len = self.len();
+        let cap = (self.cap() * 2).clamp(2, limit.max(2)).max(len + 1);
+        let mut buf = vec![0; 3 * cap].into_boxed_slice();
+        for (i, sample) in self.iter_from(0).enumerate() {
+            buf[i] = sample.at;
+            buf[cap + i] = sample.micros;
+        }
+        buf[2 * cap..2 * cap + len].copy_from_slice(self.sorted());
+        self.buf = buf;
+        self.head = 0;
+    }
+
+    fn pop_front(&mut self) -> Option<Sample> {
+        let sample = self.front()?;
+        self.remove_sorted(sample.micros);
+        self.head = u32::try_from(self.slot(1)).unwrap_or(0);
+        self.len -= 1;
+        Some(sample)
+    }
+
+    /// Give the `i`-th oldest sample the value `micros` (`i < len`).
+    fn set_micros(&mut self, i: usize, micros: u32) {
+        let old = self.get(i).micros;
+        self.remove_sorted(old);
+        self.len -= 1;
+        self.insert_sorted(micros);
+        self.len += 1;
+        let slot = self.slot(i);
+        let cap = self.cap();
+        self.buf[cap + slot] = micros;
+    }
+
+    /// Give the `i`-th oldest sample the stamp `at` (`i < len`).
+    fn set_at(&mut self, i: usize, at: u32) {
+        let slot = self.slot(i);
+        self.buf[slot] = at;
+    }
+
+    /// Keep only the samples for which `keep` holds, in their order (the storage stays).
+    fn retain(&mut self, keep: impl Fn(Sample) -> bool) {
+        let kept: Vec<Sample> = self.iter_from(0).filter(|&s| keep(s)).collect();
+        self.head = 0;
+        self.len = 0;
+        let cap = self.cap();
+        for sample in kept {
+            self.push_back(sample, cap);
+        }
+    }
+}
+
 /// Sliding-window latency estimator for one endpoint. See the module docs.
 #[derive(Clone, Debug)]
 pub struct LatencyEstimator {
-    window: usize,
-    /// Oldest first, their stamps ascending (see the module docs).
-    samples: VecDeque<Sample>,
-    /// The values of `samples`, ascending.
-    sorted: Vec<u32>,
+    /// How many samples the window keeps, at most (settings allow 4,096).
+    window: u32,
+    samples: Window,
     /// The origin of the samples' [`Stamp`]s: the time of the first sample pushed into
     /// an empty window, moved forward when stamps would overflow.
     base: Option<Instant>,
@@ -186,11 +345,9 @@ fn meets_share(within: usize, samples: usize, percentile: f64) -> bool {
 impl LatencyEstimator {
     /// An empty estimator keeping the last `window` samples (at least 1).
     pub fn new(window: usize) -> Self {
-        let window = window.max(1);
         Self {
-            window,
-            samples: VecDeque::new(),
-            sorted: Vec::new(),
+            window: window_size(window),
+            samples: Window::default(),
             base: None,
             ewma_us: f64::NAN,
             total: 0,
@@ -199,13 +356,13 @@ impl LatencyEstimator {
 
     /// How many samples the window keeps.
     pub fn window(&self) -> usize {
-        self.window
+        self.window as usize
     }
 
     /// Change the window size, keeping the newest samples.
     pub fn resize(&mut self, window: usize) {
-        self.window = window.max(1);
-        self.keep_newest(self.window);
+        self.window = window_size(window);
+        self.keep_newest(self.window());
     }
 
     /// Record a response-time measurement taken at `now`.
@@ -241,15 +398,15 @@ impl LatencyEstimator {
     /// placeholder was there to take it; the window may have moved past it.
     pub fn resolve_overdue(&mut self, slo: Duration, latency: Option<Duration>) -> bool {
         let placeholder = overdue_placeholder(micros_of(slo));
-        let Some(sample) = self.samples.iter_mut().find(|s| s.micros == placeholder) else {
+        let Some(index) = self
+            .samples
+            .iter_from(0)
+            .position(|s| s.micros == placeholder)
+        else {
             return false;
         };
         let micros = latency.map_or(MISS_US, |l| micros_of(l).max(placeholder));
-        sample.micros = micros;
-        let old = self.sorted.partition_point(|&v| v < placeholder);
-        self.sorted.remove(old);
-        let new = self.sorted.partition_point(|&v| v < micros);
-        self.sorted.insert(new, micros);
+        self.samples.set_micros(index, micros);
         if let Some(latency) = latency {
             self.update_ewma(micros_of(latency));
         }
@@ -273,10 +430,10 @@ impl LatencyEstimator {
     }
 
     fn push(&mut self, at: Instant, micros: u32) {
-        if self.samples.len() == self.window {
+        if self.samples.len() == self.window() {
             self.pop_oldest();
         }
-        if self.samples.is_empty() {
+        if self.samples.len() == 0 {
             self.base = Some(at);
         }
         let newest = self.samples.back().map_or(0, |s| s.at);
@@ -285,9 +442,7 @@ impl LatencyEstimator {
             stamp = self.rebase(stamp);
         }
         let at = u32::try_from(stamp).unwrap_or(u32::MAX);
-        self.samples.push_back(Sample { at, micros });
-        let position = self.sorted.partition_point(|&v| v < micros);
-        self.sorted.insert(position, micros);
+        self.samples.push_back(Sample { at, micros }, self.window());
         self.total += 1;
     }
 
@@ -299,20 +454,16 @@ impl LatencyEstimator {
         if let Some(base) = &mut self.base {
             *base += Duration::from_millis(shift.unsigned_abs());
         }
-        for sample in &mut self.samples {
-            let moved = (Stamp::from(sample.at) - shift).max(0);
-            sample.at = u32::try_from(moved).unwrap_or(0);
+        for i in 0..self.samples.len() {
+            let moved = (Stamp::from(self.samples.get(i).at) - shift).max(0);
+            self.samples.set_at(i, u32::try_from(moved).unwrap_or(0));
         }
         Stamp::from(REBASED_STAMP)
     }
 
     /// Drop the sample pushed first.
     fn pop_oldest(&mut self) {
-        let Some(sample) = self.samples.pop_front() else {
-            return;
-        };
-        let position = self.sorted.partition_point(|&v| v < sample.micros);
-        self.sorted.remove(position);
+        self.samples.pop_front();
     }
 
     /// Forget every sample except the newest `keep`.
@@ -329,13 +480,10 @@ impl LatencyEstimator {
     pub fn forget_misses_before(&mut self, before: Instant, slo: Duration) {
         let slo_us = micros_of(slo);
         let before = self.stamp(before);
+        // Rare (a re-admission): the window is rebuilt from the samples kept, still in
+        // time order.
         self.samples
             .retain(|s| Stamp::from(s.at) >= before || s.micros <= slo_us);
-        // Rare (a re-admission): rebuild the sorted values. The samples kept are still
-        // in time order.
-        self.sorted.clear();
-        self.sorted.extend(self.samples.iter().map(|s| s.micros));
-        self.sorted.sort_unstable();
     }
 
     /// Whether every sample in the window is fresh at `now`.
@@ -351,13 +499,13 @@ impl LatencyEstimator {
         self.total
     }
 
-    fn fresh(&self, now: Instant, max_age: Duration) -> impl Iterator<Item = &Sample> {
+    fn fresh(&self, now: Instant, max_age: Duration) -> impl Iterator<Item = Sample> + '_ {
         let now = self.stamp(now);
         // The stamps ascend, so the stale samples are a prefix.
         let first = self
             .samples
             .partition_point(|s| !Self::is_fresh(s.at, now, max_age));
-        self.samples.range(first..)
+        self.samples.iter_from(first)
     }
 
     /// The prediction for `slo` at `percentile` from samples no older than `max_age`.
@@ -373,7 +521,7 @@ impl LatencyEstimator {
     ) -> Prediction {
         let slo_us = micros_of(slo);
         let (samples, within_slo, quantile) = if self.all_fresh(now, max_age) {
-            let sorted = &self.sorted;
+            let sorted = self.samples.sorted();
             let quantile = rank_index(sorted.len(), percentile).map(|i| sorted[i]);
             (
                 sorted.len(),
@@ -415,10 +563,8 @@ impl LatencyEstimator {
     pub fn count_within(&self, now: Instant, max_age: Duration, slo: Duration) -> (usize, usize) {
         let slo_us = micros_of(slo);
         if self.all_fresh(now, max_age) {
-            return (
-                self.sorted.len(),
-                self.sorted.partition_point(|&v| v <= slo_us),
-            );
+            let sorted = self.samples.sorted();
+            return (sorted.len(), sorted.partition_point(|&v| v <= slo_us));
         }
         self.fresh(now, max_age).fold((0, 0), |(n, ok), s| {
             (n + 1, ok + usize::from(s.micros <= slo_us))
@@ -436,10 +582,14 @@ impl LatencyEstimator {
     pub fn newest(&self, n: usize) -> impl Iterator<Item = Option<Duration>> + '_ {
         let skip = self.samples.len().saturating_sub(n);
         self.samples
-            .iter()
-            .skip(skip)
+            .iter_from(skip)
             .map(|s| (s.micros != MISS_US).then(|| Duration::from_micros(u64::from(s.micros))))
     }
+}
+
+/// `window` as the estimator keeps it: at least 1, at most `u32::MAX`.
+fn window_size(window: usize) -> u32 {
+    u32::try_from(window.max(1)).unwrap_or(u32::MAX)
 }
 
 /// Nearest-rank percentile: the smallest value with at least `p%` of values ≤ it.
@@ -689,7 +839,7 @@ mod tests {
         // A thousand endpoints keep a thousand windows (see the module docs).
         assert_eq!(std::mem::size_of::<Sample>(), 8);
         let e = LatencyEstimator::new(64);
-        assert_eq!(e.samples.capacity() + e.sorted.capacity(), 0);
+        assert_eq!(e.samples.buf.len(), 0);
     }
 
     #[test]
