@@ -138,6 +138,14 @@ const UPSTREAM_ERRORS: (&str, &str) = (
     "proxima_upstream_errors_total",
     "Failed attempts to endpoints, by kind.",
 );
+const PROBES: (&str, &str) = (
+    "proxima_probes_total",
+    "Background probes of endpoints outside the QoS pool, by result.",
+);
+
+/// The `result` label values of `proxima_probes_total`, in the order of
+/// `ServiceMetrics::probes`.
+const PROBE_RESULTS: [&str; 3] = ["met", "missed", "error"];
 
 /// The data plane's Prometheus metrics (see the module docs).
 #[derive(Debug)]
@@ -332,7 +340,6 @@ struct Vecs {
     retries: IntCounterVec,
     retries_refused: IntCounterVec,
     picks: IntCounterVec,
-    probes: IntCounterVec,
     unanswered: IntCounterVec,
     grpc: IntCounterVec,
 }
@@ -371,6 +378,11 @@ pub(crate) struct ServiceMetrics {
     picks: [LazyCounter; 4],
     overdue: LazyCounter,
     abandoned: LazyCounter,
+    /// `proxima_probes_total` by result, in the order of [`PROBE_RESULTS`], rendered by
+    /// [`EndpointCounters`]: every service is probed at start, and a prometheus series
+    /// (its label strings, its hash-map entry) was ~450 bytes a service, 45 an idle
+    /// endpoint at 10 pods a Service (issue 29).
+    probes: [AtomicU64; PROBE_RESULTS.len()],
     /// By endpoint id; the key is the endpoint's `endpoint` label value.
     endpoints: ArcSwap<FastMap<Arc<str>, Arc<EndpointMetrics>>>,
     /// Held to change `endpoints`, to retire the service, and to create a series.
@@ -490,12 +502,6 @@ impl Metrics {
                 "proxima_picks_total",
                 "Endpoint choices by reason.",
                 &["service", "reason"],
-            )?,
-            probes: counter_vec(
-                registry,
-                "proxima_probes_total",
-                "Background probes of endpoints outside the QoS pool, by result.",
-                &["service", "result"],
             )?,
             unanswered: counter_vec(
                 registry,
@@ -680,6 +686,7 @@ impl Metrics {
             picks: std::array::from_fn(|_| LazyCounter::new()),
             overdue: LazyCounter::new(),
             abandoned: LazyCounter::new(),
+            probes: Default::default(),
             endpoints: ArcSwap::from_pointee(FastMap::default()),
             writer: Mutex::new(()),
             retired: AtomicBool::new(false),
@@ -710,11 +717,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Count a probe of `service` with `result`, one of [`PROBE_RESULTS`].
     pub(crate) fn probe(&self, service: &ServiceMetrics, result: &str) {
-        self.vecs
-            .probes
-            .with_label_values(&[&service.label, result])
-            .inc();
+        let index = PROBE_RESULTS.iter().position(|&r| r == result);
+        if let Some(count) = index.and_then(|i| service.probes.get(i)) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Drop the cached handles and the series of services and endpoints that are no
@@ -908,9 +916,6 @@ impl ServiceMetrics {
         for change in ["evicted", "readmitted"] {
             let _ = metrics.pool_changes.remove_label_values(&[s, change]);
         }
-        for result in ["met", "missed", "error"] {
-            let _ = metrics.probes.remove_label_values(&[s, result]);
-        }
         for reason in REASONS {
             let _ = metrics.picks.remove_label_values(&[s, reason.as_str()]);
         }
@@ -1033,11 +1038,12 @@ fn counter(labels: &[(&str, &str)], value: u64) -> Metric {
 
 /// The collector of `proxima_requests_total` and `proxima_upstream_errors_total`: the
 /// per-pod series from the counters of the live endpoints, and the service-level series
-/// of `proxima_requests_total` from their prometheus vector (see the module docs).
+/// of `proxima_requests_total` from their prometheus vector (see the module docs); and
+/// of `proxima_probes_total`, from the counters of the live services.
 struct EndpointCounters {
     services: Arc<ServiceMap>,
     service_requests: IntCounterVec,
-    descs: [Desc; 2],
+    descs: [Desc; 3],
 }
 
 impl std::fmt::Debug for EndpointCounters {
@@ -1048,7 +1054,7 @@ impl std::fmt::Debug for EndpointCounters {
 
 impl EndpointCounters {
     fn new(services: Arc<ServiceMap>, service_requests: IntCounterVec) -> prometheus::Result<Self> {
-        let desc = |(name, help): (&str, &str), labels: [&str; 3]| {
+        let desc = |(name, help): (&str, &str), labels: &[&str]| {
             Desc::new(
                 name.to_string(),
                 help.to_string(),
@@ -1060,8 +1066,9 @@ impl EndpointCounters {
             services,
             service_requests,
             descs: [
-                desc(REQUESTS, ["service", "endpoint", "code"])?,
-                desc(UPSTREAM_ERRORS, ["service", "endpoint", "kind"])?,
+                desc(REQUESTS, &["service", "endpoint", "code"])?,
+                desc(UPSTREAM_ERRORS, &["service", "endpoint", "kind"])?,
+                desc(PROBES, &["service", "result"])?,
             ],
         })
     }
@@ -1087,15 +1094,25 @@ impl Collector for EndpointCounters {
             request_series.extend(service_level.take_metric());
         }
         let mut error_series = Vec::new();
+        let mut probe_series = Vec::new();
         for service in self.services.load().values() {
             for endpoint in service.endpoints.load().values() {
                 endpoint.render(&mut request_series, &mut error_series);
+            }
+            for (result, count) in PROBE_RESULTS.iter().zip(&service.probes) {
+                let count = count.load(Ordering::Relaxed);
+                if count > 0 {
+                    let labels = [("result", *result), ("service", &*service.label)];
+                    probe_series.push(counter(&labels, count));
+                }
             }
         }
         // The registry sorts the series of each family when it gathers.
         requests.set_metric(request_series);
         errors.set_metric(error_series);
-        vec![requests, errors]
+        let mut probes = family(PROBES);
+        probes.set_metric(probe_series);
+        vec![requests, errors, probes]
     }
 }
 
@@ -1143,6 +1160,9 @@ mod tests {
         s.retry_refused();
         s.pick(Reason::Pool);
         s.pick(Reason::LastResort);
+        metrics.probe(&s, "met");
+        metrics.probe(&s, "met");
+        metrics.probe(&s, "error");
         let out = text(&registry);
         for line in [
             r#"proxima_requests_total{code="200",endpoint="pod-a",service="api.shop"} 2"#,
@@ -1157,6 +1177,8 @@ mod tests {
             r#"proxima_unanswered_total{service="api.shop",why="abandoned"} 1"#,
             r#"proxima_retries_refused_total{service="api.shop"} 1"#,
             r#"proxima_picks_total{reason="last-resort",service="api.shop"} 1"#,
+            r#"proxima_probes_total{result="met",service="api.shop"} 2"#,
+            r#"proxima_probes_total{result="error",service="api.shop"} 1"#,
         ] {
             assert!(out.contains(line), "missing {line} in\n{out}");
         }
