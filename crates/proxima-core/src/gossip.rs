@@ -222,10 +222,11 @@ fn own_report(
             stats
                 .estimator
                 .count_within(now, settings.qos_pool.max_age, settings.latency_slo);
+        let epoch = endpoint.state.epoch();
         (
             stats.admission,
-            stats.readmitted_at,
-            stats.last_answer,
+            stats.readmitted_at.get(epoch),
+            stats.last_answer.get(epoch),
             samples,
         )
     };
