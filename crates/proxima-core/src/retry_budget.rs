@@ -23,7 +23,7 @@
 //! grants more.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -124,7 +124,13 @@ impl Count {
 pub struct RetryBudget {
     params: RetryBudgetParams,
     epoch: Instant,
-    slots: Vec<Slot>,
+    /// How many one-second slots the window has.
+    len: u32,
+    /// The slots, made at the first request counted: every service has a budget, and
+    /// most of a large cluster's services may see no request for a long time (10 slots
+    /// are 176 bytes with the allocator's header, 17 an idle endpoint at 10 pods a
+    /// Service). Until then every count is 0.
+    slots: OnceLock<Box<[Slot]>>,
     /// Serialises retry decisions (see the module docs).
     retry_decisions: Mutex<()>,
 }
@@ -144,11 +150,12 @@ impl RetryBudget {
     /// A budget counting from `epoch` (any instant at or before the first use).
     pub fn new(params: RetryBudgetParams, epoch: Instant) -> Self {
         let seconds = params.ttl.as_secs() + u64::from(params.ttl.subsec_nanos() > 0);
-        let slots = seconds.clamp(1, u64::from(u32::MAX)) as usize;
+        let len = seconds.clamp(1, u64::from(u32::MAX)) as u32;
         Self {
             params,
             epoch,
-            slots: (0..slots).map(|_| Slot::default()).collect(),
+            len,
+            slots: OnceLock::new(),
             retry_decisions: Mutex::new(()),
         }
     }
@@ -163,14 +170,19 @@ impl RetryBudget {
         u32::try_from(now.saturating_duration_since(self.epoch).as_secs()).unwrap_or(u32::MAX)
     }
 
+    /// The slot of `second`, to count in (the slots are made at the first count).
     fn slot(&self, second: u32) -> &Slot {
-        &self.slots[second as usize % self.slots.len()]
+        let slots = self
+            .slots
+            .get_or_init(|| (0..self.len).map(|_| Slot::default()).collect());
+        &slots[(second % self.len) as usize]
     }
 
     /// Requests and retries counted in the window that ends at `second`.
     fn totals(&self, second: u32) -> (u64, u64) {
-        let len = self.slots.len() as u32;
-        self.slots.iter().fold((0, 0), |(q, r), s| {
+        let len = self.len;
+        let slots = self.slots.get().map_or(&[][..], |s| &s[..]);
+        slots.iter().fold((0, 0), |(q, r), s| {
             (
                 q + Count::load(&s.requests).within(second, len),
                 r + Count::load(&s.retries).within(second, len),
@@ -180,7 +192,7 @@ impl RetryBudget {
 
     fn allowed(&self, requests: u64) -> u64 {
         let earned = (requests as f64 * self.params.ratio).floor() as u64;
-        earned + u64::from(self.params.min_per_second) * self.slots.len() as u64
+        earned + u64::from(self.params.min_per_second) * u64::from(self.len)
     }
 
     /// Count a client request (once, whatever its retries). Lock-free.
