@@ -130,8 +130,8 @@ fn kube_proxy_cached_picks_make_the_uncached_draws() {
     for (i, e) in eps.iter_mut().enumerate() {
         e.conditions.ready = i % 7 != 3;
         e.hints = Hints {
-            for_zones: vec![if i % 3 == 0 { "zone-b" } else { "zone-a" }.to_string()],
-            for_nodes: vec![],
+            for_zones: [if i % 3 == 0 { "zone-b" } else { "zone-a" }.to_string()].into(),
+            for_nodes: [].into(),
         };
     }
     let r = router(
@@ -202,7 +202,7 @@ fn kube_proxy_cache_follows_the_local_nodes_zone() {
     let now = Instant::now();
     let mut eps = endpoints(&["node-1", "node-2", "node-3"]);
     for (e, zone) in eps.iter_mut().zip(["zone-a", "zone-b", "zone-b"]) {
-        e.hints.for_zones = vec![zone.to_string()];
+        e.hints.for_zones = [zone.to_string()].into();
     }
     let r = router(
         "node-1",

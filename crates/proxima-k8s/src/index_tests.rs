@@ -1044,8 +1044,8 @@ fn topology_fields_reach_the_model() {
     assert!(route.spec.traffic.internal_local);
     let e = &route.endpoints[0].endpoint;
     assert_eq!(e.zone.as_deref(), Some("zone-a"));
-    assert_eq!(e.hints.for_zones, ["zone-a"]);
-    assert_eq!(e.hints.for_nodes, ["n1"]);
+    assert_eq!(*e.hints.for_zones, ["zone-a"]);
+    assert_eq!(*e.hints.for_nodes, ["n1"]);
 }
 
 #[test]

@@ -286,7 +286,7 @@ emulate:
         assert_eq!(ocr.settings, proxima_core::ServiceSettings::default());
         assert_eq!(eps[0].ip, "::1".parse::<IpAddr>().unwrap());
         assert_eq!(eps[0].id, "[::1]:9003");
-        assert_eq!(eps[0].hints.for_zones, ["edge-a"]);
+        assert_eq!(*eps[0].hints.for_zones, ["edge-a"]);
 
         match Update::from(t) {
             Update::Reset { nodes, services } => {

@@ -513,8 +513,8 @@ fn endpoint(
         zone,
         conditions,
         hints: Hints {
-            for_zones: doc.hints.for_zones,
-            for_nodes: doc.hints.for_nodes,
+            for_zones: doc.hints.for_zones.into(),
+            for_nodes: doc.hints.for_nodes.into(),
         },
     })
 }
