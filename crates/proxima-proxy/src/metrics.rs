@@ -152,6 +152,8 @@ const PROBE_RESULTS: [&str; 3] = ["met", "missed", "error"];
 pub struct Metrics {
     vecs: Arc<Vecs>,
     services: Arc<ServiceMap>,
+    /// The endpoint map of every service that has none yet.
+    no_endpoints: Arc<FastMap<Arc<str>, Arc<EndpointMetrics>>>,
     /// Serialises cache extensions and pruning.
     writer: Mutex<()>,
     client_connections: IntGauge,
@@ -360,6 +362,18 @@ impl LazyCounter {
     }
 }
 
+/// A service's counters made at its first request (see `ServiceMetrics::counters`).
+#[derive(Debug)]
+struct ServiceCounters {
+    slo_met: LazyCounter,
+    slo_missed: LazyCounter,
+    retries: LazyCounter,
+    retries_refused: LazyCounter,
+    picks: [LazyCounter; 4],
+    overdue: LazyCounter,
+    abandoned: LazyCounter,
+}
+
 /// Cached label handles of one service.
 #[derive(Debug)]
 pub(crate) struct ServiceMetrics {
@@ -371,13 +385,10 @@ pub(crate) struct ServiceMetrics {
     /// no histogram, ~0.9 KB with its label and buckets (`None`: first used after the
     /// service was retired).
     request_duration: OnceLock<Option<Histogram>>,
-    slo_met: LazyCounter,
-    slo_missed: LazyCounter,
-    retries: LazyCounter,
-    retries_refused: LazyCounter,
-    picks: [LazyCounter; 4],
-    overdue: LazyCounter,
-    abandoned: LazyCounter,
+    /// Made at the first request: every service is probed at start, and a service only
+    /// probed needs none of them (160 bytes a service inline, 16 an idle endpoint at 10
+    /// pods a Service; issue 29).
+    counters: OnceLock<Box<ServiceCounters>>,
     /// `proxima_probes_total` by result, in the order of [`PROBE_RESULTS`], rendered by
     /// [`EndpointCounters`]: every service is probed at start, and a prometheus series
     /// (its label strings, its hash-map entry) was ~450 bytes a service, 45 an idle
@@ -585,6 +596,7 @@ impl Metrics {
         Ok(Self {
             vecs: Arc::new(vecs),
             services,
+            no_endpoints: Arc::default(),
             writer: Mutex::new(()),
             client_connections,
             parked_connections,
@@ -679,15 +691,10 @@ impl Metrics {
             vecs: self.vecs.clone(),
             request_duration: OnceLock::new(),
             label,
-            slo_met: LazyCounter::new(),
-            slo_missed: LazyCounter::new(),
-            retries: LazyCounter::new(),
-            retries_refused: LazyCounter::new(),
-            picks: std::array::from_fn(|_| LazyCounter::new()),
-            overdue: LazyCounter::new(),
-            abandoned: LazyCounter::new(),
+            counters: OnceLock::new(),
             probes: Default::default(),
-            endpoints: ArcSwap::from_pointee(FastMap::default()),
+            // One empty map shared until the service's first endpoint metrics.
+            endpoints: ArcSwap::new(self.no_endpoints.clone()),
             writer: Mutex::new(()),
             retired: AtomicBool::new(false),
         });
@@ -798,17 +805,33 @@ impl ServiceMetrics {
         }
     }
 
+    /// The counters' cells, made at the first count.
+    fn counters(&self) -> &ServiceCounters {
+        self.counters.get_or_init(|| {
+            Box::new(ServiceCounters {
+                slo_met: LazyCounter::new(),
+                slo_missed: LazyCounter::new(),
+                retries: LazyCounter::new(),
+                retries_refused: LazyCounter::new(),
+                picks: std::array::from_fn(|_| LazyCounter::new()),
+                overdue: LazyCounter::new(),
+                abandoned: LazyCounter::new(),
+            })
+        })
+    }
+
     pub(crate) fn slo(&self, met: bool) {
+        let counters = self.counters();
         let (cell, result) = if met {
-            (&self.slo_met, "met")
+            (&counters.slo_met, "met")
         } else {
-            (&self.slo_missed, "missed")
+            (&counters.slo_missed, "missed")
         };
         self.count(cell, &self.vecs.slo, &[&self.label, result]);
     }
 
     pub(crate) fn retry(&self) {
-        self.count(&self.retries, &self.vecs.retries, &[&self.label]);
+        self.count(&self.counters().retries, &self.vecs.retries, &[&self.label]);
     }
 
     /// Count one on `cell`, creating its series on first use unless the service has
@@ -826,13 +849,13 @@ impl ServiceMetrics {
     /// An attempt went past the SLO without response headers.
     pub(crate) fn overdue(&self) {
         let labels = [&*self.label, "overdue"];
-        self.count(&self.overdue, &self.vecs.unanswered, &labels);
+        self.count(&self.counters().overdue, &self.vecs.unanswered, &labels);
     }
 
     /// The client gave up on an attempt that was still waiting for response headers.
     pub(crate) fn abandoned(&self) {
         let labels = [&*self.label, "abandoned"];
-        self.count(&self.abandoned, &self.vecs.unanswered, &labels);
+        self.count(&self.counters().abandoned, &self.vecs.unanswered, &labels);
     }
 
     /// A pod's answer to a gRPC call had `grpc-status` `code` (`None`: it had none).
@@ -850,7 +873,7 @@ impl ServiceMetrics {
     /// A retry the retry budget did not allow.
     pub(crate) fn retry_refused(&self) {
         self.count(
-            &self.retries_refused,
+            &self.counters().retries_refused,
             &self.vecs.retries_refused,
             &[&self.label],
         );
@@ -859,7 +882,7 @@ impl ServiceMetrics {
     pub(crate) fn pick(&self, reason: Reason) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         self.count(
-            &self.picks[i],
+            &self.counters().picks[i],
             &self.vecs.picks,
             &[&self.label, reason.as_str()],
         );
