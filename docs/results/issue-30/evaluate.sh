@@ -43,6 +43,13 @@ generate() { # $1 nodes, $2 seed, $3 file
 }
 
 dirs=()
+run_scenario() { # $1 name, $2 file, $3 strategies, $4 what to log
+    log "$1: $4; $(uptime)"
+    "$TESTBED" run "$2" --strategies "$3" --no-plots --out "$OUT/runs/$1" > "$OUT/runs/$1.txt"
+    log "$1 done; $(uptime)"
+    dirs+=("$OUT/runs/$1")
+}
+
 for run in $RUNS; do
     nodes=${run%%:*} seed=${run##*:}
     name=n$nodes-seed$seed
@@ -50,11 +57,7 @@ for run in $RUNS; do
     generate "$nodes" "$seed" "$file"
     strategies=$STRATEGIES
     [[ " $FULL " == *" $run "* ]] && strategies=$strategies,$WEAK
-    log "$name: $strategies; $(uptime)"
-    "$TESTBED" run "$file" --strategies "$strategies" --no-plots --out "$OUT/runs/$name" \
-        > "$OUT/runs/$name.txt"
-    log "$name done; $(uptime)"
-    dirs+=("$OUT/runs/$name")
+    run_scenario "$name" "$file" "$strategies" "$strategies"
 done
 
 for run in $ONOFF; do
@@ -71,11 +74,7 @@ variants:
   - { name: alone, share: 0, coords: true }
   - { name: no-coordinates, share: 4096, coords: false }
 EOF
-    log "$name: $LEAD, sharing and coordinates on and off; $(uptime)"
-    "$TESTBED" run "$file" --strategies "$LEAD" --no-plots --out "$OUT/runs/$name" \
-        > "$OUT/runs/$name.txt"
-    log "$name done; $(uptime)"
-    dirs+=("$OUT/runs/$name")
+    run_scenario "$name" "$file" "$LEAD" "$LEAD, sharing and coordinates on and off"
 done
 
 "$TESTBED" compare "${dirs[@]}" --lead "$LEAD" --out "$OUT"
