@@ -268,8 +268,8 @@ pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<Cell>, TestbedError> {
     Ok(cells)
 }
 
-/// Write `compare.md`, `compare.csv` and (with a font) `compare.png` into `out`; returns
-/// the Markdown table.
+/// Write `compare.md` and `compare.csv` into `out` (`plot::comparison` draws
+/// `compare.png`); returns the Markdown table.
 pub fn write(out: &Path, comparison: &Comparison, lead: &str) -> Result<String, TestbedError> {
     std::fs::create_dir_all(out).map_err(|e| TestbedError::io(out, e))?;
     let table = comparison.markdown(lead);
@@ -279,7 +279,6 @@ pub fn write(out: &Path, comparison: &Comparison, lead: &str) -> Result<String, 
     };
     file("compare.md", &table)?;
     file("compare.csv", &comparison.csv())?;
-    crate::plot::comparison(&out.join("compare.png"), comparison)?;
     Ok(table)
 }
 

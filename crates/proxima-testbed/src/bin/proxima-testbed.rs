@@ -409,6 +409,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Compare { dirs, lead, out } => {
             let comparison = compare::compare(compare::read_dirs(&dirs)?);
             println!("{}", compare::write(&out, &comparison, &lead)?);
+            plot::comparison(&out.join("compare.png"), &comparison)?;
             eprintln!(
                 "wrote compare.md, compare.csv and compare.png in {}",
                 out.display()
