@@ -482,17 +482,7 @@ fn explain_route(
                 within_slo: prediction.within_slo,
                 predicted_ms: quantile.map(ms),
                 ewma_ms: prediction.ewma.map(ms),
-                slack_ms: 1e3 * {
-                    let slo = route.spec.settings.latency_slo;
-                    let predicted = match crate::strategy::qos_pool::predicted_micros(
-                        route, i, env, local_node, now,
-                    ) {
-                        u64::MAX => slo.as_secs_f64(),
-                        us => us as f64 / 1e6,
-                    };
-                    let latency = ep.state.peak_ewma(now).map_or(0.0, |l| l.as_secs_f64());
-                    crate::strategy::qos_pool::room(slo, predicted, latency)
-                },
+                slack_ms: 1e3 * crate::strategy::qos_pool::room_now(route, i, env, local_node, now),
                 in_flight: ep.state.in_flight(),
                 requests: ep.state.requests(),
                 failures: ep.state.failures(),

@@ -738,6 +738,20 @@ fn spread_under_concurrency(
     counts
 }
 
+/// A router of `n` pods spreading by slack under `slo`.
+fn slack_router(n: usize, slo: &str, now: Instant) -> Router {
+    router(
+        n,
+        &[("latency-slo", slo), ("qos-pool-spread", "slack")],
+        now,
+    )
+}
+
+/// `id`'s share of all the picks in `counts`.
+fn share_of(counts: &HashMap<String, u32>, id: &str) -> f64 {
+    f64::from(counts[id]) / f64::from(counts.values().sum::<u32>())
+}
+
 fn max_over_min(counts: &HashMap<String, u32>) -> f64 {
     let max = *counts.values().max().unwrap() as f64;
     let min = *counts.values().min().unwrap() as f64;
@@ -766,11 +780,7 @@ fn the_slack_spread_sends_the_roomy_pods_most_evenly_and_starves_none() {
     // 300 ms). Two random choices would send the far ones half of the requests; the
     // slack rule looks at the whole pool.
     let t0 = Instant::now();
-    let r = router(
-        4,
-        &[("latency-slo", "400ms"), ("qos-pool-spread", "slack")],
-        t0,
-    );
+    let r = slack_router(4, "400ms", t0);
     let latency = |id: &str| match id {
         "pod-0" => ms(20),
         "pod-1" => ms(25),
@@ -779,8 +789,7 @@ fn the_slack_spread_sends_the_roomy_pods_most_evenly_and_starves_none() {
     };
     let counts = spread_under_concurrency(&r, t0, &latency, ms(20), 12_000);
     eprintln!("{counts:?}");
-    let total: u32 = counts.values().sum();
-    let share = |id: &str| f64::from(counts[id]) / f64::from(total);
+    let share = |id: &str| share_of(&counts, id);
     assert!(share("pod-0") + share("pod-1") >= 0.8, "{counts:?}");
     let near = [counts["pod-0"], counts["pod-1"]];
     let (hi, lo) = (near.iter().max().unwrap(), near.iter().min().unwrap());
@@ -801,11 +810,7 @@ fn the_slack_spread_ranks_a_pod_nobody_measured_by_its_rtt_and_the_processing_ti
     // measured, is 60 ms away: 60 ms + the service's 45 ms of processing is past the
     // SLO, so it has the least room, not the "half the SLO" of an unknown pod.
     let t0 = Instant::now();
-    let r = router(
-        2,
-        &[("latency-slo", "80ms"), ("qos-pool-spread", "slack")],
-        t0,
-    );
+    let r = slack_router(2, "80ms", t0);
     r.update_environment(|env| env.set_latency("node-1", ms(60), t0));
     let mut rng = SmallRng::seed_from_u64(23);
     let mut now = t0;
@@ -880,7 +885,7 @@ fn the_slack_spread_pushes_no_pod_past_its_capacity() {
         near_pod_with_a_capacity("even", Duration::from_micros(2222), ms(4), ms(17), 20_000);
     eprintln!("slack {within:.4} {counts:?}; even {even_within:.4} {even_counts:?}");
     assert!(within >= even_within - 0.002, "{within} {counts:?}");
-    let near = f64::from(counts["pod-0"]) / f64::from(counts.values().sum::<u32>());
+    let near = share_of(&counts, "pod-0");
     assert!(
         near <= 0.58,
         "past its capacity (250 of 450 a second): {counts:?}"
@@ -893,15 +898,11 @@ fn the_slack_spread_sends_more_to_the_near_pod_with_room() {
     // 9 ms (3 ms of slack). Even, each takes half and the tight one's answers ride the
     // SLO's edge; by slack, the one with room takes most.
     let t0 = Instant::now();
-    let r = router(
-        2,
-        &[("latency-slo", "12ms"), ("qos-pool-spread", "slack")],
-        t0,
-    );
+    let r = slack_router(2, "12ms", t0);
     let latency = |id: &str| if id == "pod-0" { ms(3) } else { ms(9) };
     let counts = spread_under_concurrency(&r, t0, &latency, ms(5), 6000);
     eprintln!("{counts:?}");
-    let near = f64::from(counts["pod-0"]) / f64::from(counts.values().sum::<u32>());
+    let near = share_of(&counts, "pod-0");
     assert!(near >= 0.7, "{counts:?}");
     assert!(counts["pod-1"] > 0, "starved: {counts:?}");
     // /debug/pools shows the room each was ranked by: about 9 ms and 3 ms.

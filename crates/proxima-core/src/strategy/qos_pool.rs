@@ -361,25 +361,51 @@ fn look_at(
 }
 
 /// Whether `a` holds at least [`HOT_SLACK`] more requests in flight than its latency
-/// explains next to some other member of `seen` (the rule of [`busier`] with a factor
-/// of 1, on the values read once): a queue starting at the pod, as this proxy sees it.
+/// explains next to some other member of `seen` ([`beyond_latency`] with a factor of 1,
+/// on the values read once): a queue starting at the pod, as this proxy sees it.
 fn hot(a: &Seen, seen: &[Seen]) -> bool {
     a.in_flight >= HOT_SLACK
         && seen.iter().any(|b| {
-            let ratio = if a.latency > 0.0 && b.latency > 0.0 {
-                a.latency / b.latency
-            } else {
-                1.0
-            };
-            b.index != a.index && a.in_flight >= HOT_SLACK + b.in_flight.max(1.0) * ratio
+            b.index != a.index
+                && beyond_latency(
+                    (a.in_flight, a.latency),
+                    (b.in_flight, b.latency),
+                    HOT_SLACK,
+                    1.0,
+                )
         })
 }
 
 /// Member `i`'s predicted time at the SLO percentile in seconds ([`predicted_micros`];
 /// the SLO when that rank is a failure).
 fn predicted_secs(ctx: &PickContext<'_>, i: usize) -> f64 {
-    match predicted_micros(ctx.route, i, ctx.environment, ctx.local_node, ctx.now) {
-        u64::MAX => ctx.route.settings().latency_slo.as_secs_f64(),
+    let route = ctx.route;
+    let micros = predicted_micros(route, i, ctx.environment, ctx.local_node, ctx.now);
+    micros_to_secs(micros, route.settings().latency_slo)
+}
+
+/// The room member `i` of `route` has now (see [`room`]), for `/debug/pools`: the same
+/// numbers the slack rule reads, with the peak EWMA decayed to `now`.
+pub(crate) fn room_now(
+    route: &crate::Route,
+    i: usize,
+    env: &crate::environment::Environment,
+    local_node: Option<&str>,
+    now: std::time::Instant,
+) -> f64 {
+    let slo = route.settings().latency_slo;
+    let predicted = micros_to_secs(predicted_micros(route, i, env, local_node, now), slo);
+    let latency = route
+        .state(i)
+        .peak_ewma(now)
+        .map_or(0.0, |l| l.as_secs_f64());
+    room(slo, predicted, latency)
+}
+
+/// A prediction in µs as seconds; `u64::MAX` (a failure at that rank) as the SLO.
+fn micros_to_secs(micros: u64, slo: Duration) -> f64 {
+    match micros {
+        u64::MAX => slo.as_secs_f64(),
         us => us as f64 / 1e6,
     }
 }
@@ -389,7 +415,7 @@ fn predicted_secs(ctx: &PickContext<'_>, i: usize) -> f64 {
 /// (its node's RTT plus the processing time a neighbour or the service's other pods
 /// show, or the SLO when the RTT is unknown), so that a pod nobody measured is neither
 /// the roomiest by default nor ranked by its network distance alone.
-pub(crate) fn predicted_micros(
+fn predicted_micros(
     route: &crate::Route,
     i: usize,
     env: &crate::environment::Environment,
@@ -414,7 +440,7 @@ pub(crate) fn predicted_micros(
 /// current peak-EWMA `latency` in seconds (which a queue at the pod, from any proxy,
 /// raises within a request or two where the window takes many). A member at or over
 /// the SLO (in the pool within its verdict margin) keeps 1/64 of the SLO.
-pub(crate) fn room(slo: Duration, predicted: f64, latency: f64) -> f64 {
+fn room(slo: Duration, predicted: f64, latency: f64) -> f64 {
     let slo = slo.as_secs_f64();
     (slo - predicted.max(latency)).max(slo / 64.0)
 }
@@ -435,12 +461,19 @@ fn busier(ctx: &PickContext<'_>, a: usize, b: usize, slack: f64, factor: f64) ->
     if in_flight < slack {
         return false;
     }
-    let ratio = match (sa.peak_ewma(ctx.now), sb.peak_ewma(ctx.now)) {
-        (Some(la), Some(lb)) if !lb.is_zero() => la.as_secs_f64() / lb.as_secs_f64(),
-        _ => 1.0,
-    };
-    let others = f64::from(sb.in_flight().max(1));
-    in_flight >= slack + factor * others * ratio
+    let latency =
+        |state: &crate::EndpointState| state.peak_ewma(ctx.now).map_or(0.0, |l| l.as_secs_f64());
+    let b = (f64::from(sb.in_flight()), latency(sb));
+    beyond_latency((in_flight, latency(sa)), b, slack, factor)
+}
+
+/// Whether `a` (requests in flight, latency in seconds, 0 while unknown) holds at least
+/// `slack + factor · max(in_flight(b), 1) · latency(a) / latency(b)` requests in
+/// flight; the ratio is 1 while either latency is unknown.
+fn beyond_latency(a: (f64, f64), b: (f64, f64), slack: f64, factor: f64) -> bool {
+    let ((in_flight, la), (others, lb)) = (a, b);
+    let ratio = if la > 0.0 && lb > 0.0 { la / lb } else { 1.0 };
+    in_flight >= slack + factor * others.max(1.0) * ratio
 }
 
 /// The best expected candidates when no pool member can take the request (see the
