@@ -1369,6 +1369,10 @@ impl Cluster {
         };
         let errors = |kind: &str| sum("proxima_upstream_errors_total", "kind", kind);
         let changes = |change: &str| sum("proxima_pool_changes_total", "change", change);
+        let probes = ["met", "missed", "error"]
+            .iter()
+            .map(|result| sum("proxima_probes_total", "result", result))
+            .sum();
         ProxyCounters {
             connect_failures: errors("connect"),
             timeouts: errors("timeout"),
@@ -1376,6 +1380,7 @@ impl Cluster {
             protocol_errors: errors("protocol"),
             evictions: changes("evicted"),
             readmissions: changes("readmitted"),
+            probes,
         }
     }
 

@@ -216,13 +216,21 @@ pub fn table(runs: &[RunReport]) -> String {
         let _ = writeln!(
             out,
             "\nproxies, summed over the nodes (failed upstream attempts: connect = refused or \
-             over connect-timeout, timeout = over the service's timeout; QoS-pool changes), \
-             in all and per phase with any:"
+             over connect-timeout, timeout = over the service's timeout; QoS-pool changes; \
+             background probes of pods), in all and per phase with any:"
         );
         let _ = writeln!(
             out,
-            "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
-            "run", "phase", "connect", "timeout", "reset", "protocol", "evicted", "readmitted"
+            "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10} {:>7}",
+            "run",
+            "phase",
+            "connect",
+            "timeout",
+            "reset",
+            "protocol",
+            "evicted",
+            "readmitted",
+            "probes"
         );
         for r in runs {
             let all = std::iter::once(("all", &r.proxy));
@@ -234,7 +242,7 @@ pub fn table(runs: &[RunReport]) -> String {
             for (phase, c) in all.chain(phases) {
                 let _ = writeln!(
                     out,
-                    "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10}",
+                    "{:<width$}  {:<pwidth$} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10} {:>7}",
                     r.label,
                     phase,
                     c.connect_failures,
@@ -242,7 +250,8 @@ pub fn table(runs: &[RunReport]) -> String {
                     c.resets,
                     c.protocol_errors,
                     c.evictions,
-                    c.readmissions
+                    c.readmissions,
+                    c.probes
                 );
             }
         }
@@ -371,13 +380,13 @@ pub fn write_files(
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions,proxy_probes\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -410,6 +419,7 @@ pub fn write_files(
             r.proxy.resets,
             r.proxy.evictions,
             r.proxy.readmissions,
+            r.proxy.probes,
         );
     }
     write(&dir.join("summary.csv"), &summary)?;

@@ -251,6 +251,8 @@ pub struct ProxyCounters {
     pub evictions: u64,
     /// Endpoints readmitted to a QoS pool (counted with `evictions`).
     pub readmissions: u64,
+    /// Background probes the proxies sent to pods (`proxima_probes_total`).
+    pub probes: u64,
 }
 
 impl ProxyCounters {
@@ -265,6 +267,7 @@ impl ProxyCounters {
             protocol_errors: self.protocol_errors.saturating_sub(earlier.protocol_errors),
             evictions: self.evictions.saturating_sub(earlier.evictions),
             readmissions: self.readmissions.saturating_sub(earlier.readmissions),
+            probes: self.probes.saturating_sub(earlier.probes),
         }
     }
 

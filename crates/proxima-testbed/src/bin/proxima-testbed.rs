@@ -57,7 +57,8 @@ enum Command {
         #[arg(long)]
         raw: bool,
         /// Run everything N times and report, per strategy and service, the median and
-        /// range over the N runs (plots show the first).
+        /// range over the N runs (plots show the first). Repeat k runs the strategies
+        /// in turn from the k-th, so that each runs first as often as the others.
         #[arg(long, default_value_t = 1)]
         repeat: u32,
         /// Do not draw PNG plots.
@@ -470,7 +471,10 @@ async fn run(command: Command) -> Result<()> {
             if repeat > 1 {
                 let once = std::mem::take(&mut jobs);
                 for k in 1..=repeat {
-                    for job in &once {
+                    // Each repeat starts one job later, so that no strategy always runs
+                    // first (the first run of a sitting was the noisiest, issue 30).
+                    let start = (k as usize - 1) % once.len().max(1);
+                    for job in once.iter().cycle().skip(start).take(once.len()) {
                         let mut job = job.clone();
                         series.push((k, job.strategy.label.clone()));
                         job.strategy.label = format!("{} #{k}", job.strategy.label);
