@@ -69,6 +69,12 @@ pub struct ServiceExplain {
     pub failure_ejected: usize,
     /// Most endpoints that may be out for failures at once (`qos-pool-max-ejection-percent`).
     pub failure_ejection_cap: usize,
+    /// How long ago this proxy last routed a client request of the service, ms; `None`
+    /// if it never did.
+    pub last_request_ms: Option<f64>,
+    /// Whether its pods outside the pool go unprobed from here until a client request
+    /// comes (none for `qos-pool-probe-idle-after`).
+    pub probes_paused: bool,
     /// Settings rejected when read and problems found building the route, each once.
     pub warnings: Vec<String>,
     /// Every endpoint, in discovery order.
@@ -265,7 +271,13 @@ impl Router {
             nodes,
             services: routes
                 .iter()
-                .map(|r| explain_route(r, now, &env, self.local_node()))
+                .map(|r| {
+                    let (paused, ago) = self.probes_paused(r, now);
+                    let mut service = explain_route(r, now, &env, self.local_node());
+                    service.last_request_ms = ago.map(ms);
+                    service.probes_paused = paused && r.strategy.probes_evicted();
+                    service
+                })
                 .collect(),
         }
     }
@@ -512,6 +524,8 @@ fn explain_route(
         failure_status: s.failure_status.as_str().to_string(),
         failure_ejected: route.failure_ejected(),
         failure_ejection_cap: route.ejection_cap(),
+        last_request_ms: None,
+        probes_paused: false,
         warnings: {
             // Settings rejected when read, then what building the route found.
             let mut warnings: Vec<String> = s.problems.iter().map(ToString::to_string).collect();

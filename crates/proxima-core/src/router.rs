@@ -53,6 +53,40 @@ pub struct ServiceRoute {
     pub warnings: Vec<SettingError>,
     /// Shared by the service's requests; kept across updates while its settings stay.
     retry_budget: Arc<RetryBudget>,
+    /// When a client request of this service was last routed here; kept across updates.
+    last_routed: Arc<LastRouted>,
+}
+
+/// When a service last had a client request at this proxy (ns after the router's epoch,
+/// plus one; 0: never), to the nearest [`LastRouted::GRAIN`]: what pauses the probes of a
+/// service nobody on this node uses (`qos-pool-probe-idle-after`).
+#[derive(Debug, Default)]
+struct LastRouted(AtomicU64);
+
+impl LastRouted {
+    /// Picks store at most one timestamp per grain, so that the requests of a busy
+    /// service share the word's cache line read-only.
+    const GRAIN: Duration = Duration::from_millis(100);
+
+    #[inline]
+    fn note(&self, epoch: Instant, now: Instant) {
+        let nanos = nanos_after(epoch, now).saturating_add(1);
+        let grain = Self::GRAIN.as_nanos() as u64;
+        let last = self.0.load(Ordering::Relaxed);
+        if last == 0 || nanos.saturating_sub(last) >= grain {
+            self.0.store(nanos, Ordering::Relaxed);
+        }
+    }
+
+    /// How long ago the last request was routed; `None` if none ever was.
+    fn ago(&self, epoch: Instant, now: Instant) -> Option<Duration> {
+        let stamp = self.0.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(now.saturating_duration_since(epoch + Duration::from_nanos(stamp)))
+    }
+}
+
+fn nanos_after(epoch: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Deref for ServiceRoute {
@@ -72,6 +106,16 @@ impl ServiceRoute {
     /// The budget that bounds this service's retries (see [`crate::retry_budget`]).
     pub fn retry_budget(&self) -> &RetryBudget {
         &self.retry_budget
+    }
+
+    /// Whether the probes of this service's pods outside the pool are paused at this
+    /// proxy: no client request for `qos-pool-probe-idle-after` (or ever). Returns how
+    /// long ago the last request was routed as well (`None`: never).
+    fn probes_paused(&self, epoch: Instant, now: Instant) -> (bool, Option<Duration>) {
+        let ago = self.last_routed.ago(epoch, now);
+        let after = self.settings().qos_pool.probe_idle_after;
+        let paused = !after.is_zero() && ago.is_none_or(|ago| ago >= after);
+        (paused, ago)
     }
 
     /// Rebuild the pool list: eligible endpoints admitted by their measurements, except
@@ -651,6 +695,7 @@ impl Router {
             strategy,
             warnings,
             retry_budget,
+            last_routed: previous.map(|p| p.last_routed.clone()).unwrap_or_default(),
         };
         route.refresh_pool(&self.table.load().environment, self.local_node(), now);
         Some(route)
@@ -811,6 +856,7 @@ impl Router {
         now: Instant,
     ) -> Picked {
         route.state(choice.index).begin_attempt();
+        route.last_routed.note(self.epoch, now);
         // A reference a dropped `Picked` of this very route handed back, if any.
         let route = stash
             .and_then(|stash| stash.take(route))
@@ -961,7 +1007,8 @@ impl Router {
 
     /// Claim the background probes due at `now` for services whose strategy probes:
     /// evicted endpoints on their schedule, and new endpoints never measured (one first
-    /// probe each).
+    /// probe each). Evicted and suspect endpoints of a service with no client request
+    /// here for `qos-pool-probe-idle-after` wait for its next request instead.
     pub fn due_probes(&self, now: Instant) -> Vec<ProbeTicket> {
         self.due_probes_at_most(now, usize::MAX)
     }
@@ -996,6 +1043,7 @@ impl Router {
             if !route.strategy.probes_evicted() {
                 continue;
             }
+            let (paused, _) = self.probes_paused(route, now);
             let eligible = route.eligible();
             let slots = match offset {
                 0 => start_slot.min(eligible.len())..eligible.len(),
@@ -1015,6 +1063,10 @@ impl Router {
                 // the SLO is usually known before a client request would try it.
                 let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
                 if ep.state.in_pool() && !first_probe && !ep.state.suspected() {
+                    continue;
+                }
+                // Left due: the first tick after the service's next request claims it.
+                if paused && !first_probe {
                     continue;
                 }
                 if first_probe && firsts == first_probes {
@@ -1089,6 +1141,16 @@ impl Router {
                 self.refresh_pool(route.key(), now);
             }
         }
+    }
+
+    /// Whether `route`'s probes of pods outside its pool are paused here for want of
+    /// client requests, and how long ago its last one was routed (`None`: never).
+    pub(crate) fn probes_paused(
+        &self,
+        route: &ServiceRoute,
+        now: Instant,
+    ) -> (bool, Option<Duration>) {
+        route.probes_paused(self.epoch, now)
     }
 
     /// Report a probe's outcome. Returns the pool change it caused, if any.

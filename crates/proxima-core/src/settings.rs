@@ -49,6 +49,14 @@ pub struct QosPoolParams {
     pub slow_start: Duration,
     /// What the background probes look like (`qos-pool-probe`).
     pub probe: ProbeShape,
+    /// `qos-pool-probe-idle-after`: once a service has had no request at this proxy for
+    /// this long, its pods outside the pool are no longer probed here until a request
+    /// comes (first probes of new pods still are); zero probes them whatever the traffic.
+    /// A proxy routes the services its node's clients use, so probing every pod of every
+    /// service from every node would load each pod with a probe stream per node (at 100
+    /// nodes and a 4 s backoff, 25 probes/s per evicted pod) for answers nobody reads;
+    /// what an idle proxy knows of those pods comes from its neighbours' reports instead.
+    pub probe_idle_after: Duration,
     /// `qos-pool-verdict-confidence`, in percent: a pod leaves the pool for latency only
     /// when its fresh samples miss the SLO percentile by more than chance explains at
     /// this confidence (see `estimator::likely_misses`); 0 judges on the share alone, as
@@ -84,6 +92,9 @@ impl Default for QosPoolParams {
             eject_after: 5,
             max_ejection_percent: 50.0,
             slow_start: Duration::from_secs(10),
+            // Longer than the gap between a device's readings in the papers' workloads
+            // (1-10 s), so that a service in steady use is never paused.
+            probe_idle_after: Duration::from_secs(60),
             probe: ProbeShape::Path,
             verdict_confidence: 95.0,
         }
@@ -299,6 +310,7 @@ impl ServiceSettings {
                     percent(key, value, 100.0, "a percentage from 0 to 100, e.g. \"50\"")?;
             }
             "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
+            "qos-pool-probe-idle-after" => self.qos_pool.probe_idle_after = dur(value)?,
             "qos-pool-verdict-confidence" => {
                 self.qos_pool.verdict_confidence = percent(
                     key,
@@ -798,8 +810,10 @@ mod tests {
             ("qos-pool-max-ejection-percent", "34%"),
             ("qos-pool-slow-start", "0s"),
             ("qos-pool-verdict-confidence", "99%"),
+            ("qos-pool-probe-idle-after", "0s"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.qos_pool.probe_idle_after, Duration::ZERO);
         assert_eq!(s.qos_pool.eject_after, 7);
         assert_eq!(s.qos_pool.max_ejection_percent, 34.0);
         assert_eq!(s.qos_pool.slow_start, Duration::ZERO);
@@ -809,8 +823,9 @@ mod tests {
             ("qos-pool-max-ejection-percent", "101"),
             ("qos-pool-slow-start", "10"),
             ("qos-pool-verdict-confidence", "100"),
+            ("qos-pool-probe-idle-after", "soon"),
         ]);
-        assert_eq!(errors.len(), 4);
+        assert_eq!(errors.len(), 5);
         assert_eq!(s.qos_pool, QosPoolParams::default());
     }
 

@@ -250,6 +250,60 @@ fn a_failed_probe_ticket_dropped_unreported_frees_the_claim() {
     assert_eq!(router.due_probes(t).len(), 1, "claim released on drop");
 }
 
+/// A proxy probes the pods of the services its clients use: once a service has had no
+/// request here for `qos-pool-probe-idle-after`, its evicted pod waits for the next
+/// request, which makes the overdue probe due at once. First probes of new pods go
+/// whatever the traffic (they are how a proxy that just started knows its pods).
+#[test]
+fn evicted_pods_of_a_service_idle_here_are_probed_again_at_its_next_request() {
+    let t0 = Instant::now();
+    let pairs = [
+        ("latency-slo", "10ms"),
+        ("qos-pool-probe-interval", "10ms"),
+        ("qos-pool-probe-idle-after", "1s"),
+    ];
+    let router = router_with(1, settings(&pairs), t0);
+    assert_eq!(
+        router.due_probes(t0).len(),
+        1,
+        "a first probe, never routed"
+    );
+    assert!(router.explain(t0).services[0].probes_paused);
+    let mut rng = SmallRng::seed_from_u64(4);
+    let p = router.pick(&key(), None, t0, &mut rng, &[]).unwrap();
+    assert_eq!(
+        router.record(&p, t0, Outcome::Failed),
+        Some(PoolChange::Evicted)
+    );
+    let ticket = router
+        .due_probes(t0 + ms(20))
+        .pop()
+        .expect("probed while in use");
+    router.finish_probe(ticket, t0 + ms(20), Outcome::Failed);
+
+    let idle = t0 + ms(1_500);
+    assert!(router.due_probes(idle).is_empty(), "paused while idle");
+    let explain = router.explain(idle);
+    assert!(explain.services[0].probes_paused);
+    // To the nearest 100 ms (the router's clock starts just after `t0`).
+    let ago = explain.services[0].last_request_ms.expect("routed once");
+    assert!((1_400.0..=1_500.0).contains(&ago), "{ago}");
+
+    let back = idle + ms(5);
+    let p = router.pick(&key(), None, back, &mut rng, &[]).unwrap();
+    assert_eq!(router.due_probes(back).len(), 1, "due at the next request");
+    assert!(!router.explain(back).services[0].probes_paused);
+    drop(p);
+
+    // `0s`: probed whatever the traffic, as QEdgeProxy's pool does.
+    let pairs = [("qos-pool-probe-idle-after", "0s"), pairs[0], pairs[1]];
+    let always = router_with(1, settings(&pairs), t0);
+    let p = always.pick(&key(), None, t0, &mut rng, &[]).unwrap();
+    always.record(&p, t0, Outcome::Failed);
+    assert_eq!(always.due_probes(t0 + ms(60_000)).len(), 1);
+    assert!(!always.explain(t0 + ms(60_000)).services[0].probes_paused);
+}
+
 #[test]
 fn spread_inside_the_pool_is_even() {
     let t0 = Instant::now();
