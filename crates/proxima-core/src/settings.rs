@@ -386,6 +386,10 @@ impl ServiceSettings {
                 }
                 self.params.insert(key.to_string(), value.to_string());
             }
+            "qos-pool-slack-even-turns" => {
+                parse_count(key, value, 0, 1000)?;
+                self.params.insert(key.to_string(), value.to_string());
+            }
             "qos-pool-slack-levels" => {
                 if !value
                     .parse::<f64>()

@@ -802,6 +802,20 @@ fn the_slack_spread_sends_the_roomy_pods_most_evenly_and_starves_none() {
         share("pod-2") >= 0.02 && share("pod-3") >= 0.02,
         "starved: {counts:?}"
     );
+    // `qos-pool-slack-even-turns: 0`: no floor, the far pods take only what the near
+    // ones cannot (here nothing).
+    let pairs = [
+        ("latency-slo", "400ms"),
+        ("qos-pool-spread", "slack"),
+        ("qos-pool-slack-even-turns", "0"),
+    ];
+    let r = router(4, &pairs, t0);
+    let counts = spread_under_concurrency(&r, t0, &latency, ms(20), 12_000);
+    let far: u32 = ["pod-2", "pod-3"]
+        .iter()
+        .filter_map(|id| counts.get(*id))
+        .sum();
+    assert!(far < 120, "{counts:?}");
 }
 
 #[test]
@@ -1142,6 +1156,10 @@ fn without_a_measured_member_new_pods_still_take_traffic_on_the_initial_estimate
 fn the_slack_tier_width_is_a_setting_checked_like_the_others() {
     let (_, errors) = ServiceSettings::from_pairs([("qos-pool-slack-levels", "32")]);
     assert!(errors.is_empty(), "{errors:?}");
+    for bad in ["-1", "x", "1001"] {
+        let (_, errors) = ServiceSettings::from_pairs([("qos-pool-slack-even-turns", bad)]);
+        assert_eq!(errors.len(), 1, "{bad}: {errors:?}");
+    }
     for bad in ["0", "x", "5000"] {
         let (_, errors) = ServiceSettings::from_pairs([("qos-pool-slack-levels", bad)]);
         assert_eq!(errors.len(), 1, "{bad}: {errors:?}");

@@ -150,7 +150,17 @@ pub fn compare(cells: Vec<Cell>) -> Comparison {
         .into_iter()
         .map(|(key, mut runs)| {
             runs.sort_by(|a, b| a.of_reach.total_cmp(&b.of_reach));
-            (key, runs.swap_remove(runs.len() / 2))
+            // An even count has two middle runs: the share is their mean (the upper
+            // one alone would favour whichever strategy had one lucky run of two),
+            // and the lower one stands for the rest of the cell.
+            let lower = (runs.len() - 1) / 2;
+            let share = match runs.len() % 2 {
+                0 => (runs[lower].of_reach + runs[lower + 1].of_reach) / 2.0,
+                _ => runs[lower].of_reach,
+            };
+            let mut median = runs.swap_remove(lower);
+            median.of_reach = share;
+            (key, median)
         })
         .collect();
     Comparison {
@@ -318,6 +328,14 @@ mod tests {
         assert_eq!(c.labels, ["qos-pool", "proximity:alpha=0.8,x", "local"]);
         let median = &c.cells[&("n20-seed1".into(), "qos-pool".into())];
         assert_eq!((median.of_reach, median.lag_p99_ms), (98.0, 5.0));
+        let two = [
+            HEADER.to_string(),
+            row("", "local #1", 88.0, 3.0),
+            row("", "local #2", 97.0, 4.0),
+        ];
+        let two = compare(read_summary("n20-seed2", &two.join("\n")).unwrap());
+        let median = &two.cells[&("n20-seed2".into(), "local".into())];
+        assert_eq!((median.of_reach, median.lag_p99_ms), (92.5, 3.0));
         assert_eq!(c.margin("n20-seed1", "qos-pool"), Some(1.5));
         assert_eq!(c.margin("n50-seed1 [alone]", "qos-pool"), Some(-5.0));
         let table = c.markdown("qos-pool");

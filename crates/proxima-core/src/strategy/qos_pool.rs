@@ -54,7 +54,7 @@
 //!   pod takes what it can serve without queueing and no more; a spread weighted by the
 //!   verdict window alone oscillated against a pod's capacity
 //!   (docs/results/issue-30.md). The papers' spread stays as a constraint: one decision
-//!   in eight is taken by the even rule (which, the others' counters being ahead, goes
+//!   in eight (`qos-pool-slack-even-turns`) is taken by the even rule (which, the others' counters being ahead, goes
 //!   to the members outside the tier), so no member is starved or left unmeasured, and
 //!   the saturation rule below holds for both.
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
@@ -104,11 +104,14 @@ pub struct QosPool {
     spread: Spread,
     /// Slacks within `SLO / levels` of the largest are level (the roomy tier).
     levels: f64,
+    /// Under [`Spread::Slack`], one decision in this many is taken by the even rule
+    /// (`qos-pool-slack-even-turns`; 0: none).
+    even_turns: u32,
 }
 
 impl Default for QosPool {
     fn default() -> Self {
-        Self::new(Spread::default(), SLACK_LEVELS)
+        Self::new(Spread::default(), SLACK_LEVELS).with_even_turns(EVEN_TURNS)
     }
 }
 
@@ -123,15 +126,28 @@ pub enum Spread {
     Slack,
 }
 
-/// One pick in this many is decided by the even rule under [`Spread::Slack`], so that a
-/// member with little slack still gets a floor share and stays measured.
+/// One pick in this many is decided by the even rule under [`Spread::Slack`] unless
+/// `qos-pool-slack-even-turns` says otherwise, so that a member with little slack still
+/// gets a floor share and stays measured.
 const EVEN_TURNS: u32 = 8;
 
 impl QosPool {
     /// The strategy with `spread`; under [`Spread::Slack`], slacks within
     /// `SLO / levels` of the largest are level.
     pub fn new(spread: Spread, levels: f64) -> Self {
-        Self { spread, levels }
+        Self {
+            spread,
+            levels,
+            even_turns: EVEN_TURNS,
+        }
+    }
+
+    /// Under [`Spread::Slack`], one decision in `turns` by the even rule (0: none).
+    pub fn with_even_turns(self, turns: u32) -> Self {
+        Self {
+            even_turns: turns,
+            ..self
+        }
     }
 
     /// Build from a service's settings (`qos-pool-spread: even | slack`,
@@ -144,7 +160,9 @@ impl QosPool {
             &[("even", Spread::Even), ("slack", Spread::Slack)],
         );
         let levels = p.number("slack-levels", SLACK_LEVELS, 1.0, 1000.0);
-        (Box::new(Self::new(spread, levels)), p.errors)
+        let turns = p.number("slack-even-turns", f64::from(EVEN_TURNS), 0.0, 1000.0) as u32;
+        let pool = Self::new(spread, levels).with_even_turns(turns);
+        (Box::new(pool), p.errors)
     }
 }
 
@@ -164,7 +182,9 @@ impl Strategy for QosPool {
         // Read in place; the closure may run again if the pool changes meanwhile (it
         // only reads and draws), and the winner is charged once, below.
         let rule = match self.spread {
-            Spread::Slack if !rng.gen_ratio(1, EVEN_TURNS) => Spread::Slack,
+            Spread::Slack if self.even_turns == 0 || !rng.gen_ratio(1, self.even_turns) => {
+                Spread::Slack
+            }
             _ => Spread::Even,
         };
         let chosen = ctx.route.read_pool(|pool| match pool.len() {
