@@ -14,6 +14,8 @@
 #   PROXIMA_BIN [target/dist/proxima, built first] another build to measure (an older
 #   one too: the worker count goes in TOKIO_WORKER_THREADS, which every build reads)
 #   RESULTS_DIR [benches/load/results]
+#   SMAPS_DIR [] if set, /proc/PID/smaps of the proxy is copied there after the load
+#   (smaps-WORKERS.txt), read right after the RSS figures: which mapping holds the bytes
 #
 # IDLE=1 measures idle endpoints instead (issue 29): for each size in ENDPOINTS
 # ["1000 10000 50000"], ENDPOINTS/PODS Services of PODS pods from file discovery, one
@@ -194,6 +196,7 @@ for workers in $WORKERS; do
     hwm=$(kib "$pid" VmHWM)
     anon=$(kib "$pid" RssAnon)
     file=$(kib "$pid" RssFile)
+    [[ -n ${SMAPS_DIR:-} ]] && mkdir -p "$SMAPS_DIR" && cp "/proc/$pid/smaps" "$SMAPS_DIR/smaps-$workers.txt"
     curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics-$workers.txt"
     bytes=$(wc -c <"$WORK/metrics-$workers.txt")
     series=$(grep -vc '^#' "$WORK/metrics-$workers.txt")
