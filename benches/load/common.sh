@@ -35,3 +35,63 @@ locate_envoy() {
         fi
     fi
 }
+
+# The peers as the side-by-side scripts (grpc.sh, ws.sh, h2.sh) run them, one worker each,
+# on the configs they wrote into $WORK (nginx.conf, haproxy.cfg, envoy.yaml).
+# `start_peer nginx|haproxy|envoy` starts one and sets PID, PORT (NGINX_PORT, HAPROXY_PORT,
+# ENVOY_PORT) and LOG; then `started NAME`.
+start_peer() {
+    case $1 in
+        nginx)
+            LOG=$WORK/nginx-error.log
+            nginx -e "$LOG" -p "$WORK" -c "$WORK/nginx.conf" &
+            PID=$!; PORT=$NGINX_PORT ;;
+        haproxy)
+            LOG=$WORK/haproxy.log
+            haproxy -db -f "$WORK/haproxy.cfg" >"$LOG" 2>&1 &
+            PID=$!; PORT=$HAPROXY_PORT ;;
+        envoy)
+            LOG=$WORK/envoy.log
+            "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --log-level warn \
+                --base-id $((BASE_PORT % 1000)) >"$LOG" 2>&1 &
+            PID=$!; PORT=$ENVOY_PORT ;;
+        *) die "unknown peer $1" ;;
+    esac
+}
+
+# `start_proxima [FLAG...]`: $PROXIMA (copied fresh), one worker, on PROXIMA_PORT and
+# ADMIN_PORT with $WORK/discovery.yaml and any extra flags; sets PID, PORT and LOG.
+start_proxima() {
+    cp "$PROXIMA" "$WORK/proxima"
+    LOG=$WORK/proxima.log
+    TOKIO_WORKER_THREADS=1 "$WORK/proxima" run --listen "127.0.0.1:$PROXIMA_PORT" \
+        --admin "127.0.0.1:$ADMIN_PORT" --discovery "file:$WORK/discovery.yaml" \
+        --log-level warn "$@" >"$LOG" 2>&1 &
+    PID=$!; PORT=$PROXIMA_PORT
+}
+
+# `started NAME`: the process just started as PID listens on PORT. Lists it in PIDS, waits
+# until PORT accepts, and for nginx points PID at the worker that holds the connections
+# (its master forks it).
+started() {
+    PIDS+=("$PID")
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    sleep 0.5
+    if [[ $1 == nginx ]]; then PID=$(pgrep -P "$PID" | head -1); fi
+}
+
+# Stops the process `started` listed last.
+stop_started() {
+    kill "${PIDS[-1]}" 2>/dev/null || true
+    wait "${PIDS[-1]}" 2>/dev/null || true
+    unset 'PIDS[-1]'
+}
+
+# CPU time of a process so far, in clock ticks (TICK per second).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
+# `ratio A B`: A / B as "1.23×", empty when B is not a positive number or A is empty.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f×", a / b; else print "" }'; }

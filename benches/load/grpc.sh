@@ -171,45 +171,12 @@ start() {
     LOG=""
     case $1 in
         pod-0) PID=""; PORT=$POD_PORT; return ;;
-        proxima)
-            cp "$PROXIMA" "$WORK/proxima"
-            LOG=$WORK/proxima.log
-            TOKIO_WORKER_THREADS=1 "$WORK/proxima" run --listen "127.0.0.1:$PROXIMA_PORT" \
-                --admin "127.0.0.1:$ADMIN_PORT" --discovery "file:$WORK/discovery.yaml" \
-                --log-level warn >"$LOG" 2>&1 &
-            PID=$!; PORT=$PROXIMA_PORT ;;
-        nginx)
-            LOG=$WORK/nginx-error.log
-            nginx -e "$LOG" -p "$WORK" -c "$WORK/nginx.conf" &
-            PID=$!; PORT=$NGINX_PORT ;;
-        haproxy)
-            LOG=$WORK/haproxy.log
-            haproxy -db -f "$WORK/haproxy.cfg" >"$LOG" 2>&1 &
-            PID=$!; PORT=$HAPROXY_PORT ;;
-        envoy)
-            LOG=$WORK/envoy.log
-            "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --log-level warn \
-                --base-id $((BASE_PORT % 1000)) >"$LOG" 2>&1 &
-            PID=$!; PORT=$ENVOY_PORT ;;
+        proxima) start_proxima ;;
+        *) start_peer "$1" ;;
     esac
-    PIDS+=("$PID")
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
-        sleep 0.1
-    done
-    sleep 0.5
-    # nginx's master forks the worker that holds the connections.
-    if [[ $1 == nginx ]]; then PID=$(pgrep -P "$PID" | head -1); fi
+    started "$1"
 }
-stop() {
-    [[ $1 == pod-0 ]] && return
-    kill "${PIDS[-1]}" 2>/dev/null || true
-    wait "${PIDS[-1]}" 2>/dev/null || true
-    unset 'PIDS[-1]'
-}
-# CPU time of PID so far, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TICK=$(getconf CLK_TCK)
+stop() { [[ $1 == pod-0 ]] || stop_started; }
 
 # spread "pod-0=12,pod-2=30": each pod's share in pod order, then max/min.
 spread() {
@@ -224,7 +191,6 @@ spread() {
         printf "%s %% (max/min %s)\n", out, (min > 0 ? sprintf("%.2f", max / min) : "∞")
     }'
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f×", a / b; else print "" }'; }
 
 RESULT=$RESULTS_DIR/${STAMP}-grpc.md
 NOTES=()

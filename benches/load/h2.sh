@@ -124,45 +124,16 @@ EOF
 nginx -e "$WORK/origin-error.log" -p "$WORK" -c "$WORK/origin.conf" &
 PIDS+=($!)
 
-# start TARGET: runs it, sets PID (the process whose CPU time is measured) and PORT.
+# start TARGET: runs it and sets PID (the process whose CPU time is measured) and PORT.
 start() {
     case $1 in
         origin) PID=""; PORT=$ORIGIN_PORT; return ;;
-        proxima)
-            cp "$PROXIMA" "$WORK/proxima"
-            TOKIO_WORKER_THREADS=1 "$WORK/proxima" run --listen "127.0.0.1:$PROXIMA_PORT" \
-                --admin "127.0.0.1:$ADMIN_PORT" --discovery "file:$WORK/discovery.yaml" \
-                --log-level warn >"$WORK/proxima.log" 2>&1 &
-            PID=$!; PORT=$PROXIMA_PORT ;;
-        nginx)
-            nginx -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" &
-            PID=$!; PORT=$NGINX_PORT ;;
-        haproxy)
-            haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
-            PID=$!; PORT=$HAPROXY_PORT ;;
-        envoy)
-            "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 --log-level warn \
-                --base-id $((BASE_PORT % 1000)) >"$WORK/envoy.log" 2>&1 &
-            PID=$!; PORT=$ENVOY_PORT ;;
+        proxima) start_proxima ;;
+        *) start_peer "$1" ;;
     esac
-    PIDS+=("$PID")
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
-        sleep 0.1
-    done
-    sleep 0.5
-    # nginx's master forks the worker that holds the connections.
-    if [[ $1 == nginx ]]; then PID=$(pgrep -P "$PID" | head -1); fi
+    started "$1"
 }
-stop() {
-    [[ $1 == origin ]] && return
-    kill "${PIDS[-1]}" 2>/dev/null || true
-    wait "${PIDS[-1]}" 2>/dev/null || true
-    unset 'PIDS[-1]'
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TICK=$(getconf CLK_TCK)
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a != "") printf "%.2f×", a / b; else print "" }'; }
+stop() { [[ $1 == origin ]] || stop_started; }
 
 # load TARGET: h2load's req/s, mean ms per request and failed count, after a warm-up.
 load() {
