@@ -272,11 +272,8 @@ impl Router {
             services: routes
                 .iter()
                 .map(|r| {
-                    let (paused, ago) = self.probes_paused(r, now);
-                    let mut service = explain_route(r, now, &env, self.local_node());
-                    service.last_request_ms = ago.map(ms);
-                    service.probes_paused = paused && r.strategy.probes_evicted();
-                    service
+                    let probing = self.probes_paused(r, now);
+                    explain_route(r, now, &env, self.local_node(), probing)
                 })
                 .collect(),
         }
@@ -305,6 +302,7 @@ fn explain_route(
     now: Instant,
     env: &Environment,
     local_node: Option<&str>,
+    (paused, last_request): (bool, Option<Duration>),
 ) -> ServiceExplain {
     let s = route.settings();
     let pool = route.pool();
@@ -524,8 +522,8 @@ fn explain_route(
         failure_status: s.failure_status.as_str().to_string(),
         failure_ejected: route.failure_ejected(),
         failure_ejection_cap: route.ejection_cap(),
-        last_request_ms: None,
-        probes_paused: false,
+        last_request_ms: last_request.map(ms),
+        probes_paused: paused && route.strategy.probes_evicted(),
         warnings: {
             // Settings rejected when read, then what building the route found.
             let mut warnings: Vec<String> = s.problems.iter().map(ToString::to_string).collect();

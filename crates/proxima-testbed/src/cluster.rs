@@ -1353,26 +1353,28 @@ impl Cluster {
             .flat_map(|n| n.registries())
             .flat_map(|r| r.gather())
             .collect();
-        // The sum over every node of `name`'s series whose `label` is `value`.
-        let sum = |name: &str, label: &str, value: &str| -> u64 {
+        // Every node's series of `name`, and one's count.
+        let series = |name: &'static str| {
             families
                 .iter()
-                .filter(|f| f.get_name() == name)
+                .filter(move |f| f.get_name() == name)
                 .flat_map(|f| f.get_metric())
+        };
+        let count = |m: &prometheus::proto::Metric| m.get_counter().get_value() as u64;
+        // The sum over every node of `name`'s series whose `label` is `value`.
+        let sum = |name: &'static str, label: &str, value: &str| -> u64 {
+            series(name)
                 .filter(|m| {
                     m.get_label()
                         .iter()
                         .any(|l| l.get_name() == label && l.get_value() == value)
                 })
-                .map(|m| m.get_counter().get_value() as u64)
+                .map(count)
                 .sum()
         };
         let errors = |kind: &str| sum("proxima_upstream_errors_total", "kind", kind);
         let changes = |change: &str| sum("proxima_pool_changes_total", "change", change);
-        let probes = ["met", "missed", "error"]
-            .iter()
-            .map(|result| sum("proxima_probes_total", "result", result))
-            .sum();
+        let probes = series("proxima_probes_total").map(count).sum();
         ProxyCounters {
             connect_failures: errors("connect"),
             timeouts: errors("timeout"),
