@@ -29,6 +29,7 @@
 //! | a response body streaming, or a write the client does not take (its socket full) | `body_idle_timeout` from the last byte moved | close at once (the pod connection goes with it) |
 //! | waiting for response headers | none here: the service's `timeout` bounds it | |
 //! | HTTP/1.1 on the proxy's own loop, nothing in flight, nothing of a next head | `park` ([`PARK_AFTER`]) from the last response | park: the connection gives up its task until the socket is readable (`client/server.rs`) |
+//! | hyper holds the connection, nothing in flight | `rest` ([`PARK_AFTER`]) from the last response | poll the connection once more: an idle HTTP/2 connection gives back its buffers |
 //!
 //! [`Watched`] also gives hyper's own HTTP/1 error answers a JSON body like the proxy's
 //! other errors. hyper answers a request head it cannot take (longer than its read
@@ -59,6 +60,10 @@ pub(crate) struct ConnTimeouts {
     /// Idle time after which a connection may park; `None` where it cannot (hyper has
     /// the connection).
     pub(crate) park: Option<Duration>,
+    /// Idle time after which a connection hyper holds is polled once more (the driver
+    /// gets [`Verdict::Park`] and does not park): HTTP/2 gives back its buffers then
+    /// (vendor/h2/PROXIMA-PATCH.md), not at every pause between streams.
+    pub(crate) rest: Option<Duration>,
 }
 
 /// How long an HTTP/1.1 connection idles on its task before it parks (`client/park.rs`).
@@ -106,7 +111,8 @@ pub(crate) enum Verdict {
     Close(CloseReason),
     /// Cut at once: nothing moves.
     Cut(CloseReason),
-    /// Idle long enough to park (see [`ConnTimeouts::park`]).
+    /// Idle long enough to park, or where hyper holds the connection, to rest (see
+    /// [`ConnTimeouts::park`] and [`ConnTimeouts::rest`]).
     Park,
 }
 
@@ -204,12 +210,16 @@ impl ConnActivity {
     }
 
     /// When the driver, looking at `now`, must next call [`verdict`](Self::verdict):
-    /// the current limit's deadline, but no later than `now` plus the shortest limit,
-    /// the earliest a limit that starts after `now` (a request ends, a body starts to
-    /// stream) could end.
+    /// the current limit's deadline, but no later than `now` plus the shortest limit
+    /// (the park or rest limit counts), the earliest a limit that starts after `now` (a
+    /// request ends, a body starts to stream) could end.
     pub(crate) fn next_check(&self, timeouts: &ConnTimeouts, now: Instant) -> Instant {
         let shortest = timeouts.header.min(timeouts.idle).min(timeouts.body);
-        let soonest = now + timeouts.park.map_or(shortest, |park| park.min(shortest));
+        let soonest = now
+            + timeouts
+                .park
+                .or(timeouts.rest)
+                .map_or(shortest, |park| park.min(shortest));
         self.deadline(timeouts)
             .map_or(soonest, |deadline| deadline.min(soonest))
     }
@@ -243,12 +253,14 @@ impl ConnActivity {
     }
 
     /// The park limit, when it applies: HTTP/1.1 after a request, with nothing of the
-    /// next head read (the caller has checked that nothing is in flight or moving).
+    /// next head read; else the rest limit, if any (the caller has checked that nothing
+    /// is in flight or moving).
     fn parkable(&self, timeouts: &ConnTimeouts) -> Option<Duration> {
         let http1 = self.http1.load(Ordering::Relaxed);
         timeouts
             .park
             .filter(|_| http1 && self.head_from().is_none())
+            .or(timeouts.rest)
     }
 
     /// Whether the connection has outlived its limit at `now`.
@@ -672,6 +684,7 @@ mod tests {
             idle: Duration::from_secs(2),
             body: Duration::from_secs(3),
             park: None,
+            rest: None,
         }
     }
 
@@ -765,6 +778,44 @@ mod tests {
             h2.verdict(&t, since + Duration::from_secs(1)),
             Verdict::Keep
         );
+    }
+
+    #[test]
+    fn a_connection_hyper_holds_is_looked_at_once_it_has_rested_but_never_parks_mid_request() {
+        let t0 = Instant::now();
+        let rest = Duration::from_millis(250);
+        let hyper = ConnTimeouts {
+            rest: Some(rest),
+            ..timeouts()
+        };
+        for http1 in [false, true] {
+            let activity = ConnActivity::new(t0);
+            // No request yet: only the header limit.
+            assert_eq!(activity.deadline(&hyper), Some(t0 + hyper.header));
+            let request = activity.begin(http1);
+            // In flight: no look for rest, however long it takes.
+            assert_eq!(activity.verdict(&hyper, t0 + rest * 3), Verdict::Keep);
+            drop(request);
+            let idle_since = activity.state().idle_since;
+            assert_eq!(activity.deadline(&hyper), Some(idle_since + rest));
+            assert_eq!(activity.verdict(&hyper, idle_since), Verdict::Keep);
+            assert_eq!(activity.verdict(&hyper, idle_since + rest), Verdict::Park);
+            // Once rested, the driver looks next at the shortest limit from now, then
+            // closes at the idle limit as before.
+            let resting = ConnTimeouts {
+                rest: None,
+                ..hyper
+            };
+            let now = idle_since + rest;
+            assert_eq!(activity.next_check(&resting, now), now + hyper.header);
+            // Before it has rested, a look is never more than the rest limit away: a
+            // request may end between two looks.
+            assert_eq!(activity.next_check(&hyper, idle_since), idle_since + rest);
+            assert_eq!(
+                activity.verdict(&hyper, idle_since + hyper.idle),
+                Verdict::Close(CloseReason::Idle)
+            );
+        }
     }
 
     #[test]

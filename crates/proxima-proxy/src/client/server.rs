@@ -156,6 +156,7 @@ pub(crate) async fn serve_with(
             idle: proxy.config.client_idle_timeout,
             body: proxy.config.body_idle_timeout,
             park: Some(PARK_AFTER),
+            rest: None,
         },
     });
     let mut connections = Cohorts::new();
@@ -568,8 +569,10 @@ async fn drive(
         }
         serve::Served::Handoff { io, cache } => (io, cache),
     };
-    // hyper's connections do not park.
+    // hyper's connections do not park; once idle they are polled once more, when an
+    // HTTP/2 connection gives back its buffers (vendor/h2/PROXIMA-PATCH.md).
     watchdog.timeouts.park = None;
+    watchdog.timeouts.rest = Some(PARK_AFTER);
     let io = TokioIo::new(io);
     let mut conn = Box::pin(
         servers
@@ -590,6 +593,7 @@ async fn drive(
             event = gate.wrap(watchdog.next(&mut stop)) => match event {
                 Event::Graceful => conn.as_mut().graceful_shutdown(),
                 Event::Cut => return None,
+                // Rested: the loop polls `conn` again at once.
                 Event::Park => {}
             }
         }
@@ -641,7 +645,8 @@ enum Event {
     Graceful,
     /// Drop the connection now.
     Cut,
-    /// Idle long enough to park (`client/park.rs`).
+    /// Idle long enough to park (`client/park.rs`), or, where hyper holds the
+    /// connection, to be polled once more (`ConnTimeouts::rest`).
     Park,
 }
 
@@ -691,7 +696,11 @@ impl Watchdog<'_> {
                             return Event::Graceful;
                         }
                         Verdict::Park => {
-                            let resting = ConnTimeouts { park: None, ..self.timeouts };
+                            let resting = ConnTimeouts {
+                                park: None,
+                                rest: None,
+                                ..self.timeouts
+                            };
                             let next = self.activity.next_check(&resting, now);
                             self.check.as_mut().reset(next.into());
                             return Event::Park;

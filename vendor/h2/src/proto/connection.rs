@@ -24,6 +24,13 @@ where
     codec: Codec<T, Prioritized<B>>,
 
     inner: ConnectionInner<P, B>,
+
+    /// PROXIMA-PATCH: the last poll ended waiting with no stream open, and no frame
+    /// has come since (see the `Pending` branch of `poll`).
+    rested: bool,
+    /// PROXIMA-PATCH: the last stream the peer had opened when the connection last
+    /// rested.
+    rested_after: StreamId,
 }
 
 // Extracted part of `Connection` which does not depend on `T`. Reduces the amount of duplicated
@@ -170,6 +177,8 @@ where
                 span,
                 _phantom: PhantomData,
             },
+            rested: false,
+            rested_after: StreamId::zero(),
         }
     }
 
@@ -333,9 +342,29 @@ where
                             }
 
                             // PROXIMA-PATCH: flushed and waiting with no stream
-                            // open: an idle connection keeps no empty buffers.
-                            if self.inner.streams.release_if_idle() {
-                                self.codec.release_idle_buffers();
+                            // open: an idle connection keeps no empty buffers. A
+                            // server that has served more than one stream since it
+                            // last rested is busy: the next stream is usually on its
+                            // way, and freeing and growing everything again at each
+                            // pause cost 1,000-4,300 instructions per request under
+                            // h2load. It keeps them through this wait and gives them
+                            // back when polled again with no frame read since (it
+                            // rested): its owner polls an idle connection once more
+                            // (the proxy's watchdog, client/server.rs). A client,
+                            // which nothing polls while idle, and a server that served
+                            // one stream (a device's reading) give them back at once.
+                            if let Some(last) = self.inner.streams.idle_after() {
+                                let busy = P::r#dyn().is_server()
+                                    && u32::from(last) > u32::from(self.rested_after) + 2;
+                                if (self.rested || !busy)
+                                    && self.inner.streams.release_if_idle()
+                                {
+                                    self.codec.release_idle_buffers();
+                                }
+                                if self.rested {
+                                    self.rested_after = last;
+                                }
+                                self.rested = true;
                             }
 
                             return Poll::Pending;
@@ -390,11 +419,10 @@ where
             }
             ready!(self.poll_ready(cx))?;
 
-            match self
-                .inner
-                .as_dyn()
-                .recv_frame(ready!(Pin::new(&mut self.codec).poll_next(cx)?))?
-            {
+            let frame = ready!(Pin::new(&mut self.codec).poll_next(cx)?);
+            // PROXIMA-PATCH: a frame came: the connection is not resting.
+            self.rested = false;
+            match self.inner.as_dyn().recv_frame(frame)? {
                 ReceivedFrame::Settings(frame) => {
                     self.inner.settings.recv_settings(
                         frame,

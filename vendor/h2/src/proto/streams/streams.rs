@@ -1149,6 +1149,16 @@ where
         me.counts.has_streams() || me.refs > 1
     }
 
+    /// PROXIMA-PATCH: `None` while a stream is open; else the id of the last
+    /// stream the peer opened (zero if none).
+    pub fn idle_after(&self) -> Option<StreamId> {
+        let me = self.inner.lock().unwrap();
+        if me.counts.has_streams() {
+            return None;
+        }
+        Some(me.actions.recv.last_processed_id())
+    }
+
     /// PROXIMA-PATCH: if no stream is open, frees the capacity of the stream
     /// store and the frame buffers that hold nothing, and returns true (the
     /// connection is idle: its codec may free its buffers too).
