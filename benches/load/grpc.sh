@@ -44,13 +44,7 @@ done
 ((PODS >= 1 && PODS <= 9)) || die "PODS must be 1 to 9"
 locate_envoy
 
-PROXIMA=${1:-}
-if [[ -z $PROXIMA ]]; then
-    log "building proxima (profile dist: fat LTO, a few minutes)"
-    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
-        { cat "$WORK/build.log" >&2; die "build failed"; }
-    PROXIMA=$ROOT/target/dist/proxima
-fi
+dist_binary "${1:-}"
 log "building the gRPC pods and load (cargo build --release --example grpc-load)"
 (cd "$ROOT" && cargo build --release --example grpc-load) >"$WORK/build-grpc.log" 2>&1 ||
     { cat "$WORK/build-grpc.log" >&2; die "build failed"; }

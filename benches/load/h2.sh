@@ -33,13 +33,7 @@ for tool in nginx haproxy h2load; do
 done
 locate_envoy
 
-PROXIMA=${1:-}
-if [[ -z $PROXIMA ]]; then
-    log "building proxima (profile dist: fat LTO, a few minutes)"
-    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
-        { cat "$WORK/build.log" >&2; die "build failed"; }
-    PROXIMA=$ROOT/target/dist/proxima
-fi
+dist_binary "${1:-}"
 
 cat >"$WORK/origin.conf" <<EOF
 worker_processes 1; daemon off; pid $WORK/origin.pid;

@@ -66,25 +66,8 @@ fi
 cp "$BIN" "$WORK/proxima"
 RUN_BIN=$WORK/proxima
 
-# Pod i (0-based) of the whole cluster listens on 127.0.(1 + i/250).(1 + i%250).
-pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
-# write_discovery SERVICES FILE: SERVICES Services of PODS pods each, pod i of the whole
-# cluster at pod_addr i.
-write_discovery() {
-    local services=$1 s p
-    {
-        echo "services:"
-        for ((s = 0; s < services; s++)); do
-            echo "  - name: svc-$s"
-            echo "    namespace: default"
-            echo "    settings: { latency-slo: 100ms, strategy: qos-pool }"
-            echo "    endpoints:"
-            for ((p = 0; p < PODS; p++)); do
-                echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * PODS + p))):$ORIGIN_PORT }"
-            done
-        done
-    } >"$2"
-}
+# write_discovery SERVICES FILE: SERVICES Services of PODS pods each (common.sh).
+write_discovery() { write_pods_discovery "$1" "$PODS" "$ORIGIN_PORT" 100ms "$2"; }
 kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
 mb() { printf '%.1f' "$(echo "$1 / 1024" | bc -l)"; }
 describe_build() {

@@ -41,31 +41,10 @@ OUT=$ROOT/crates/proxima/symbol-order.txt
 for tool in valgrind nginx wrk h2load curl python3; do
     command -v "$tool" >/dev/null || die "$tool is missing (valgrind; nginx and wrk: benches/load/run.sh installs them; h2load is in nghttp2-client)"
 done
-BIN=${1:-}
-if [[ -z $BIN ]]; then
-    log "building proxima (profile dist: fat LTO, a few minutes)"
-    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
-        { cat "$WORK/build.log" >&2; die "build failed"; }
-    BIN=$ROOT/target/dist/proxima
-fi
+dist_binary "${1:-}"
+BIN=$PROXIMA
 
-pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
-write_discovery() {
-    local s p
-    {
-        echo "services:"
-        for ((s = 0; s < SERVICES; s++)); do
-            echo "  - name: svc-$s"
-            echo "    namespace: default"
-            echo "    settings: { latency-slo: $1, strategy: qos-pool }"
-            echo "    endpoints:"
-            for ((p = 0; p < PODS; p++)); do
-                echo "      - { id: svc-$s-$p, address: $(pod_addr $((s * PODS + p))):$ORIGIN_PORT }"
-            done
-        done
-    } >"$WORK/discovery.yaml.new"
-    mv "$WORK/discovery.yaml.new" "$WORK/discovery.yaml"
-}
+write_discovery() { write_pods_discovery "$SERVICES" "$PODS" "$ORIGIN_PORT" "$1" "$WORK/discovery.yaml"; }
 {
     echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
     echo "events { worker_connections 8192; }"

@@ -40,13 +40,7 @@ ulimit -n $((TUNNELS * 5 + 3000)) 2>/dev/null ||
 
 locate_envoy
 
-PROXIMA=${1:-}
-if [[ -z $PROXIMA ]]; then
-    log "building proxima (profile dist: fat LTO, a few minutes)"
-    (cd "$ROOT" && cargo build --profile dist -p proxima) >"$WORK/build.log" 2>&1 ||
-        { cat "$WORK/build.log" >&2; die "build failed"; }
-    PROXIMA=$ROOT/target/dist/proxima
-fi
+dist_binary "${1:-}"
 log "building the WebSocket origin and load (cargo build --release --example ws-load)"
 (cd "$ROOT" && cargo build --release --example ws-load) >"$WORK/build-ws.log" 2>&1 ||
     { cat "$WORK/build-ws.log" >&2; die "build failed"; }
