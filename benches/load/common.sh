@@ -33,6 +33,20 @@ dist_binary() {
 # Pod i (0-based) of a generated cluster listens on 127.0.(1 + i/250).(1 + i%250).
 pod_addr() { echo "127.0.$((1 + $1 / 250)).$((1 + $1 % 250))"; }
 
+# `write_pods_origin PODS PORT FILE`: an nginx config (one worker, no access log) that
+# listens on every pod's address (`pod_addr 0` to `pod_addr PODS-1`) at PORT and answers
+# a small 200.
+write_pods_origin() {
+    local pods=$1 port=$2 i
+    {
+        echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
+        echo "events { worker_connections 8192; }"
+        echo "http { access_log off; server {"
+        for ((i = 0; i < pods; i++)); do echo "  listen $(pod_addr "$i"):$port;"; done
+        echo '  location / { return 200 "hello from origin\n"; } } }'
+    } >"$3"
+}
+
 # `write_pods_discovery SERVICES PODS PORT SLO FILE`: a discovery file of SERVICES
 # Services `svc-N` of PODS pods each (qos-pool, latency-slo SLO), pod i of the whole
 # cluster at `pod_addr i`:PORT. FILE is replaced whole, so a proxy watching it never reads

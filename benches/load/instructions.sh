@@ -47,18 +47,20 @@ for _ in $(seq 60); do
     curl -s -o /dev/null -H 'x-service: bench' http://127.0.0.1:19490/ && break
     sleep 1
 done
-# load WARM_UP: runs the clients and prints the number of requests answered.
+# `load warm|measured`: runs the clients (the warm-up for 2 s or a tenth of the requests)
+# and prints the number of requests answered.
 load() {
+    local duration=$D requests=$REQUESTS
+    [[ $1 == warm ]] && duration=2s requests=$((REQUESTS / 10))
+    echo "$1: $client..." >&2
     if [[ $PROTOCOL == h1 ]]; then
-        wrk -t1 -c8 -d"$([[ $1 == warm ]] && echo 2s || echo "$D")" -H 'x-service: bench' \
-            http://127.0.0.1:19490/ | awk '/requests in/ { print $1 }'
+        wrk -t1 -c8 -d"$duration" -H 'x-service: bench' http://127.0.0.1:19490/ |
+            awk '/requests in/ { print $1 }'
     else
-        h2load -n "$([[ $1 == warm ]] && echo $((REQUESTS / 10)) || echo "$REQUESTS")" -c 16 \
-            -m "$STREAMS" -H 'x-service: bench' http://127.0.0.1:19490/ |
+        h2load -n "$requests" -c 16 -m "$STREAMS" -H 'x-service: bench' http://127.0.0.1:19490/ |
             awk '/^requests:/ { print $8 }'
     fi
 }
-echo "warm-up, then $([[ $PROTOCOL == h1 ]] && echo "wrk -t1 -c8 -d$D" || echo "h2load -n $REQUESTS -c16 -m$STREAMS")..." >&2
 load warm >/dev/null
 callgrind_control -z "$PROXIMA" >/dev/null
 requests=$(load measured)

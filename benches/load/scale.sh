@@ -135,13 +135,7 @@ fi
 
 # The load: one nginx listening on every pod's address.
 TOTAL=$((SERVICES * PODS))
-{
-    echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
-    echo "events { worker_connections 8192; }"
-    echo "http { access_log off; server {"
-    for ((i = 0; i < TOTAL; i++)); do echo "  listen $(pod_addr "$i"):$ORIGIN_PORT;"; done
-    echo '  location / { return 200 "hello from origin\n"; } } }'
-} >"$WORK/origin.conf"
+write_pods_origin "$TOTAL" "$ORIGIN_PORT" "$WORK/origin.conf"
 cat >"$WORK/random-service.lua" <<EOF
 math.randomseed(os.time())
 request = function()

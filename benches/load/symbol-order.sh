@@ -45,13 +45,7 @@ dist_binary "${1:-}"
 BIN=$PROXIMA
 
 write_discovery() { write_pods_discovery "$SERVICES" "$PODS" "$ORIGIN_PORT" "$1" "$WORK/discovery.yaml"; }
-{
-    echo "worker_processes 1; daemon off; pid $WORK/origin.pid;"
-    echo "events { worker_connections 8192; }"
-    echo "http { access_log off; keepalive_requests 10000000; server {"
-    for ((i = 0; i < SERVICES * PODS; i++)); do echo "  listen $(pod_addr "$i"):$ORIGIN_PORT;"; done
-    echo '  location / { return 200 "hello from origin\n"; } } }'
-} >"$WORK/origin.conf"
+write_pods_origin $((SERVICES * PODS)) "$ORIGIN_PORT" "$WORK/origin.conf"
 cat >"$WORK/random-service.lua" <<EOF
 request = function()
     return wrk.format(nil, nil, { ["x-service"] = "svc-" .. math.random(0, $((SERVICES - 1))) })
