@@ -10,7 +10,8 @@
 # Usage: benches/load/instructions.sh [BINARY]   (default target/dist/proxima)
 # Environment: PROTOCOL [h1] (h1: `wrk -t1 -c8` for D [15s]; h2: `h2load -c16 -m STREAMS
 #   [16]` for REQUESTS [20000], h2c with prior knowledge); TOP [25] functions listed
-#   (self cost).
+#   (self cost); KEEP: a path to copy callgrind's profile to, for callgrind_annotate
+#   --inclusive=yes or --tree=caller (which allocations a request makes, and where).
 # Needs valgrind (callgrind_annotate, callgrind_control), nginx, and wrk or h2load.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -68,6 +69,7 @@ callgrind_control -d "$PROXIMA" >/dev/null
 kill -INT "$PROXIMA"
 wait "$PROXIMA" 2>/dev/null || true
 out=$WORK/out.cg.1
+[[ -n ${KEEP:-} ]] && cp "$out" "$KEEP"
 total=$(awk '/^totals:/ { print $2 }' "$out")
 echo "build: $BIN"
 echo "clients: $PROTOCOL; requests answered: $requests"
