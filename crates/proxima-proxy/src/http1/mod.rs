@@ -441,7 +441,10 @@ fn parse_error(error: httparse::Error, max_headers: usize) -> H1Error {
 /// or `\n\r\n`), past any empty lines before the status line (which httparse skips).
 fn head_end(buf: &[u8]) -> Option<usize> {
     let mut at = buf.iter().position(|&b| b != b'\r' && b != b'\n')?;
-    while let Some(i) = buf[at..].iter().position(|&b| b == b'\n') {
+    // memchr, not a byte loop: finding the lines of nginx's response head took about
+    // 1,000 instructions, memchr about 300 (`instructions.sh`: 26,246 -> 25,554 per
+    // request).
+    while let Some(i) = memchr::memchr(b'\n', &buf[at..]) {
         let next = at + i + 1;
         match &buf[next..] {
             [b'\n', ..] => return Some(next + 1),
