@@ -205,7 +205,8 @@ pub(crate) async fn serve(
             };
             let head_request = request.method() == Method::HEAD;
             let version = request.version();
-            (service.admit(&mut cache, request), keep_alive, head_request, version)
+            let admitted = service.admit(&mut cache, request);
+            (admitted, keep_alive, head_request, version)
         };
         // While the pod is asked, a close by the client aborts the request (the answer's
         // future is dropped). As in hyper, the socket is watched only while nothing of a
