@@ -44,7 +44,8 @@
 //!   `probe-interval`) while probes succeed, with doubling backoff while they fail. A
 //!   pod evicted again within `max_age` of its return waits twice as long before its
 //!   first probe each time (up to [`FLAP_BACKOFF_MAX`], linkerd's 60 s); each `max_age`
-//!   it stays healthy halves that again. On return the misses that evicted it are
+//!   it stays healthy halves that again. While its service's pool is empty, requests
+//!   that fall back bring the probe forward (`Route::hurry_probes`). On return the misses that evicted it are
 //!   dropped but its good history is kept, and it ramps up over `qos-pool-slow-start`
 //!   (Envoy's `slow_start_config`) instead of taking a burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
@@ -1105,6 +1106,24 @@ impl EndpointState {
             .get(self.epoch)
             .is_some_and(|next| next > now);
         if evicted_before && later && !stats.probe_in_flight {
+            stats.next_probe = Moment::at(self.epoch, now);
+            return true;
+        }
+        false
+    }
+
+    /// Its service's pool is empty: if it is out of the pool, its next probe is due at
+    /// once rather than after its backoff (the probe still decides; see
+    /// [`Route::hurry_probes`](crate::Route::hurry_probes)). Returns whether the probe
+    /// was brought forward.
+    pub(crate) fn hurry_probe(&self, now: Instant) -> bool {
+        let mut stats = self.lock();
+        let evicted = matches!(stats.admission, Admission::Evicted { .. });
+        let later = stats
+            .next_probe
+            .get(self.epoch)
+            .is_some_and(|next| next > now);
+        if evicted && later && !stats.probe_in_flight {
             stats.next_probe = Moment::at(self.epoch, now);
             return true;
         }

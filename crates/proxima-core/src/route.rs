@@ -165,6 +165,8 @@ pub struct Route {
     /// [`Route::recent_processing_estimate`]'s last value (µs + 1; 0: none) and when it
     /// was computed (ns after `epoch`; 0: never).
     processing_cache: [AtomicU64; 2],
+    /// When [`Route::hurry_probes`] last ran (ns after `epoch`; 0: never).
+    hurried: AtomicU64,
 }
 
 /// How long [`Route::recent_processing_estimate`] reuses a computed estimate.
@@ -217,6 +219,7 @@ impl Route {
             epoch,
             readings: ArcSwapOption::empty(),
             processing_cache: Default::default(),
+            hurried: AtomicU64::new(0),
         };
         for endpoint in &route.endpoints {
             route.note_cooldown(&endpoint.state, epoch);
@@ -546,6 +549,43 @@ impl Route {
     /// The endpoint index with this id.
     pub fn index_of(&self, id: &str) -> Option<usize> {
         self.endpoints.iter().position(|e| e.endpoint.id == id)
+    }
+
+    /// No pool member can take a request of the service (the QoS pool's fallback): bring
+    /// the next probe of each endpoint out of the pool that could still meet the SLO
+    /// (its node's RTT, where known, is under it) forward to now, whatever its backoff;
+    /// at most once per `qos-pool-probe-interval`, so that an empty pool probes each such
+    /// endpoint at that interval. The backoff (failures doubling the wait up to
+    /// `qos-pool-probe-max-interval`, flaps up to a minute) keeps a pod that misses from
+    /// taking client requests too soon, but while the pool is empty every request goes
+    /// to a pod expected to miss anyway, and the pod that recovered first is found only
+    /// by its probe: before this, a 12 ms service's client stayed on pods 50 ms away for
+    /// up to the whole wait after its near pod recovered (`tests/tight_slo.rs`). Returns
+    /// how many probes were brought forward.
+    pub fn hurry_probes(&self, env: &Environment, local_node: Option<&str>, now: Instant) -> usize {
+        let interval = self.spec.settings.qos_pool.probe_interval;
+        let at = self.nanos(now).max(1);
+        let last = self.hurried.load(Ordering::Relaxed);
+        let step = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && at < last.saturating_add(step) {
+            return 0;
+        }
+        if self
+            .hurried
+            .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return 0;
+        }
+        let slo = self.spec.settings.latency_slo;
+        self.eligible
+            .iter()
+            .filter(|&&i| {
+                self.rtt(i, env, local_node, now)
+                    .is_none_or(|rtt| rtt < slo)
+            })
+            .filter(|&&i| self.endpoints[i].state.hurry_probe(now))
+            .count()
     }
 
     /// Take note of `state`'s cooldown, if it has one at `now` (call after anything

@@ -186,16 +186,26 @@ fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() 
     assert_eq!(change, Some(PoolChange::Evicted));
     drop(picked);
     assert!(pool_ids(&router).is_empty());
-    // The pool is empty, yet requests still go out: to the best predicted endpoint.
-    let picked = router.pick(&key(), None, t, &mut rng, &[]).unwrap();
+    // Its first probe is due after the interval.
+    assert!(router.due_probes(t + ms(50)).is_empty());
+    // The pool is empty, yet requests still go out: to the best predicted endpoint. And
+    // such a request brings the probes of the pods out of the pool forward
+    // (`Route::hurry_probes`): due at once.
+    let picked = router
+        .pick(&key(), None, t + ms(50), &mut rng, &[])
+        .unwrap();
     assert_eq!(picked.reason, Reason::Fallback);
     drop(picked);
+    let hurried = router.due_probes(t + ms(50));
+    assert_eq!(hurried.len(), 1);
+    let mut last = t + ms(50);
+    for ticket in hurried {
+        router.finish_probe(ticket, last, Outcome::Response { latency: ms(150) });
+    }
 
-    // No probe before the interval.
-    assert!(router.due_probes(t + ms(50)).is_empty());
-    // Bad probes back off: 100 ms, then 200 ms, 400 ms, 800 ms, capped at 1 s.
+    // With no request meanwhile, bad probes back off: 200 ms, 400 ms, 800 ms, capped at
+    // 1 s.
     let mut gaps = vec![];
-    let mut last = t;
     for _ in 0..6 {
         let (at, ticket) = next_probe(&router, last);
         assert_eq!(ticket.addr, addr(0));
@@ -203,7 +213,7 @@ fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() 
         gaps.push((at - last).as_millis());
         last = at;
     }
-    assert_eq!(gaps, [100, 200, 400, 800, 1000, 1000]);
+    assert_eq!(gaps, [200, 400, 800, 1000, 1000, 1000]);
 
     // Recovery: three good probes in a row re-admit it.
     let mut changes = vec![];

@@ -257,3 +257,69 @@ fn a_pod_the_prediction_keeps_out_but_its_rtt_alone_does_not_is_probed_and_joins
     let e = explained(t + ms(10));
     assert!(e.in_pool, "{}", e.reason);
 }
+
+#[test]
+fn a_near_pod_that_recovers_is_probed_soon_while_the_pool_is_empty() {
+    // Issue 30, seen on a generated 50-node scenario: the only pods that can meet the SLO
+    // answered 503 for seconds. They left the pool, the fallback moved to the far pods
+    // (measured, and slow, but answering), and the near pods' probes failed and backed
+    // off to the longest wait (`qos-pool-probe-max-interval`, 4 s; longer still for pods
+    // that flapped before). Once they recovered, nothing but a probe could find it out,
+    // and the client stayed far for up to that wait. While the pool is empty every
+    // request misses anyway: the pods that could meet the SLO are probed at the base
+    // interval (500 ms), and two good probes put a near pod ahead of the far ones in the
+    // fallback's ranking: the client is back near within about two intervals (4.5 s
+    // after this recovery without the hurry).
+    let t0 = Instant::now();
+    let r = far_and_near(t0);
+    let mut rng = SmallRng::seed_from_u64(36);
+    let failing_from = t0 + ms(2_000);
+    let mut recovered_at: Option<Instant> = None;
+    let mut last_failed_probe = t0;
+    let mut back_at = None;
+    let mut t = t0;
+    while t < t0 + ms(40_000) && back_at.is_none() {
+        t += ms(10);
+        if t.saturating_duration_since(t0)
+            .as_millis()
+            .is_multiple_of(1000)
+        {
+            set_rtts(&r, t); // fresh readings, as the peer prober keeps them
+        }
+        // Failing for at least 10 s, then recovered just after a near probe failed: the
+        // moment that leaves the whole backoff ahead.
+        let failed_long = t >= failing_from + ms(10_000);
+        if recovered_at.is_none() && failed_long && t == last_failed_probe + ms(20) {
+            recovered_at = Some(t);
+        }
+        let near_failing = t >= failing_from && recovered_at.is_none();
+        let outcome = |id: &str| match rtt(id) {
+            3 if near_failing => Outcome::Answered {
+                latency: ms(4),
+                status: 503,
+            },
+            3 => ok(ms(8)),
+            far => ok(ms(far + 3)),
+        };
+        let p = pick(&r, t, &mut rng);
+        let id = p.endpoint().id.clone();
+        if recovered_at.is_some() && rtt(&id) == 3 {
+            back_at = Some(t);
+        }
+        r.record(&p, t, outcome(&id));
+        for ticket in r.due_probes(t) {
+            if rtt(&ticket.id) == 3 && near_failing {
+                last_failed_probe = t;
+            }
+            let outcome = outcome(&ticket.id);
+            r.finish_probe(ticket, t, outcome);
+        }
+    }
+    let recovered_at = recovered_at.expect("the near pods recovered");
+    let back_at = back_at.expect("a request went to a near pod after the recovery");
+    let waited = back_at.saturating_duration_since(recovered_at);
+    assert!(
+        waited <= ms(1_200),
+        "back on a near pod {waited:?} after it recovered"
+    );
+}

@@ -72,7 +72,12 @@
 //! * **Re-admission**: evicted endpoints receive no client traffic; the data plane sends
 //!   them background probes and they return after `readmit_after` consecutive probes
 //!   within the SLO (see `endpoint.rs` for the backoff, the failure rules and the flap
-//!   protection).
+//!   protection). While the pool is empty, each request that falls back brings those
+//!   probes forward, at most once per probe interval, for the endpoints whose node's
+//!   RTT leaves room under the SLO ([`Route::hurry_probes`](crate::Route::hurry_probes)):
+//!   the backoff keeps a pod that misses from taking requests too soon, but with no
+//!   member every request goes to a pod expected to miss anyway, and a pod that
+//!   recovered is found only by its probe.
 //! * **Fallback** (documented behaviour, not in the paper, whose Algorithm 1 assumes a
 //!   pool member): when the pool is empty, the request still goes out, to the endpoints
 //!   expected to do best ([`Route::expected`](crate::Route::expected)): the most
@@ -500,6 +505,7 @@ fn beyond_latency(a: (f64, f64), b: (f64, f64), slack: f64, factor: f64) -> bool
 /// module docs): those level with the best, sharing the load by the pool's own rule.
 fn fallback(ctx: &PickContext<'_>) -> Option<Choice> {
     let route = ctx.route;
+    route.hurry_probes(ctx.environment, ctx.local_node, ctx.now);
     let processing = route.processing_estimate(ctx.environment, ctx.local_node, ctx.now);
     let expected =
         |i: usize| route.expected(i, processing, ctx.environment, ctx.local_node, ctx.now);
