@@ -47,7 +47,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use proxima_core::environment::LatencyReading;
 use proxima_core::{HearReport, Router, Usage};
-use rand::RngCore;
+use rand::{Rng, RngCore};
 use tokio::net::TcpStream;
 use tower::Service;
 use tracing::{debug, info, warn};
@@ -285,6 +285,24 @@ pub struct PeerProber {
     share_cursor: usize,
 }
 
+/// How long after the start of a round the next one starts: `interval`, jittered by up
+/// to a tenth of it either way; before the loop's `first` round, a random share of it.
+/// Proxies that start together (a DaemonSet rollout; the testbed's emulated nodes, all
+/// started at once) would otherwise probe in step for as long as they run: every
+/// node's probes, and every peer's replies, in the same instant of each interval. On the
+/// testbed's 50-node scenarios that was 1,600 probes at once every 2 s and a host lag of
+/// 100-300 ms at each, which a 12 ms SLO cannot absorb. Envoy's health checks
+/// (`initial_jitter`, `interval_jitter`) and memberlist's gossip jitter for the same
+/// reason.
+fn round_wait(interval: Duration, first: bool, rng: &mut dyn RngCore) -> Duration {
+    let share = if first {
+        rng.gen_range(0.0..1.0)
+    } else {
+        rng.gen_range(0.9..1.1)
+    };
+    interval.mul_f64(share)
+}
+
 impl std::fmt::Debug for PeerProber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerProber")
@@ -330,19 +348,25 @@ impl PeerProber {
         self
     }
 
-    /// Run rounds every `interval` until `shutdown` resolves.
+    /// Run rounds about every `interval` until `shutdown` resolves: the first after a
+    /// random share of the interval, then one every interval, each start jittered by up
+    /// to a tenth of it either way ([`round_wait`]).
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        let mut ticker = crate::ticker(self.config.interval);
         tokio::pin!(shutdown);
+        let interval = self.config.interval.max(Duration::from_millis(10));
+        let mut next = tokio::time::Instant::now() + round_wait(interval, true, &mut self.rng);
         loop {
             tokio::select! {
                 () = &mut shutdown => return,
-                _ = ticker.tick() => {}
+                () = tokio::time::sleep_until(next) => {}
             }
+            let started = tokio::time::Instant::now();
             tokio::select! {
                 () = &mut shutdown => return,
                 _ = self.round() => {}
             }
+            let wait = round_wait(interval, false, &mut self.rng);
+            next = (started + wait).max(tokio::time::Instant::now());
         }
     }
 
@@ -561,6 +585,41 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+
+    #[test]
+    fn rounds_of_proxies_started_together_drift_apart() {
+        // Fifty proxies started in the same instant, 2 s rounds: by their tenth round their
+        // starts are spread over the interval rather than stacked in one instant.
+        let interval = Duration::from_secs(2);
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut firsts = vec![];
+        let mut tenths = vec![];
+        for _ in 0..50 {
+            let mut at = round_wait(interval, true, &mut rng);
+            firsts.push(at);
+            for _ in 1..10 {
+                let wait = round_wait(interval, false, &mut rng);
+                assert!(wait >= interval.mul_f64(0.9) && wait <= interval.mul_f64(1.1));
+                at += wait;
+            }
+            tenths.push(at);
+        }
+        assert!(firsts.iter().all(|&w| w < interval));
+        // The starts of the tenth round, as phases within the interval: at most 10 of the
+        // 50 in any tenth of it (5 on average; in step, all 50 would be in one).
+        let mut per_tenth = [0; 10];
+        for at in &tenths {
+            let phase = at.as_secs_f64() % interval.as_secs_f64() / interval.as_secs_f64();
+            per_tenth[(phase * 10.0) as usize % 10] += 1;
+        }
+        assert!(per_tenth.iter().all(|&n| n <= 10), "{per_tenth:?}");
+        // The mean wait stays the interval: the cadence of the probes is unchanged.
+        let mean = (tenths.iter().sum::<Duration>() - firsts.iter().sum::<Duration>()) / (50 * 9);
+        assert!(
+            mean > interval.mul_f64(0.97) && mean < interval.mul_f64(1.03),
+            "{mean:?}"
+        );
+    }
 
     #[tokio::test]
     async fn probes_leave_from_the_bind_address() {
