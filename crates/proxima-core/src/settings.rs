@@ -28,7 +28,8 @@ pub struct QosPoolParams {
     /// Consecutive probe measurements within the SLO needed to re-admit an endpoint.
     pub readmit_after: u32,
     /// Interval between probes of an endpoint outside the pool while they succeed; it
-    /// doubles up to `probe_max_interval` while they keep missing.
+    /// doubles up to `probe_max_interval` while they keep missing, except while the
+    /// service's pool is empty (see `Route::hurry_probes`).
     pub probe_interval: Duration,
     /// `qos-pool-probe-max-interval`: the longest wait between probes of an evicted
     /// endpoint that keeps missing.
