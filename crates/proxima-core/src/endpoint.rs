@@ -1095,21 +1095,13 @@ impl EndpointState {
     /// proxy stands, and a neighbour's return says nothing about that. Returns whether
     /// the probe was brought forward.
     pub(crate) fn probe_soon(&self, at: Instant, now: Instant) -> bool {
-        let mut stats = self.lock();
-        let evicted_before = matches!(
-            stats.admission,
-            Admission::Evicted { since, cause, .. }
-                if since < at && cause != EvictionCause::Latency
-        );
-        let later = stats
-            .next_probe
-            .get(self.epoch)
-            .is_some_and(|next| next > now);
-        if evicted_before && later && !stats.probe_in_flight {
-            stats.next_probe = Moment::at(self.epoch, now);
-            return true;
-        }
-        false
+        self.probe_now_if(now, |admission| {
+            matches!(
+                admission,
+                Admission::Evicted { since, cause, .. }
+                    if since < at && cause != EvictionCause::Latency
+            )
+        })
     }
 
     /// Its service's pool is empty: if it is out of the pool, its next probe is due at
@@ -1117,13 +1109,20 @@ impl EndpointState {
     /// [`Route::hurry_probes`](crate::Route::hurry_probes)). Returns whether the probe
     /// was brought forward.
     pub(crate) fn hurry_probe(&self, now: Instant) -> bool {
+        self.probe_now_if(now, |admission| {
+            matches!(admission, Admission::Evicted { .. })
+        })
+    }
+
+    /// Make its next probe due at `now` if its admission passes `wanted` and the probe
+    /// is scheduled later and not in flight. Returns whether it was brought forward.
+    fn probe_now_if(&self, now: Instant, wanted: impl FnOnce(Admission) -> bool) -> bool {
         let mut stats = self.lock();
-        let evicted = matches!(stats.admission, Admission::Evicted { .. });
         let later = stats
             .next_probe
             .get(self.epoch)
             .is_some_and(|next| next > now);
-        if evicted && later && !stats.probe_in_flight {
+        if later && !stats.probe_in_flight && wanted(stats.admission) {
             stats.next_probe = Moment::at(self.epoch, now);
             return true;
         }
