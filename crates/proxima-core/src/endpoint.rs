@@ -45,9 +45,10 @@
 //!   pod evicted again within `max_age` of its return waits twice as long before its
 //!   first probe each time (up to [`FLAP_BACKOFF_MAX`], linkerd's 60 s); each `max_age`
 //!   it stays healthy halves that again. While its service's pool is empty, requests
-//!   that fall back bring the probe forward (`Route::hurry_probes`). On return the misses that evicted it are
-//!   dropped but its good history is kept, and it ramps up over `qos-pool-slow-start`
-//!   (Envoy's `slow_start_config`) instead of taking a burst.
+//!   that fall back bring the probe forward (`Route::hurry_probes`). On return the
+//!   misses that evicted it are dropped but its good history is kept, and it ramps up
+//!   over `qos-pool-slow-start` (Envoy's `slow_start_config`) instead of taking a
+//!   burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
 //!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
 //!   aside: neither good nor bad evidence. See `Observation::stall`. The pool's last
@@ -1106,12 +1107,11 @@ impl EndpointState {
 
     /// Its service's pool is empty: if it is out of the pool, its next probe is due at
     /// once rather than after its backoff (the probe still decides; see
-    /// [`Route::hurry_probes`](crate::Route::hurry_probes)). Returns whether the probe
-    /// was brought forward.
-    pub(crate) fn hurry_probe(&self, now: Instant) -> bool {
+    /// [`Route::hurry_probes`](crate::Route::hurry_probes)).
+    pub(crate) fn hurry_probe(&self, now: Instant) {
         self.probe_now_if(now, |admission| {
             matches!(admission, Admission::Evicted { .. })
-        })
+        });
     }
 
     /// Make its next probe due at `now` if its admission passes `wanted` and the probe

@@ -557,35 +557,32 @@ impl Route {
     /// at most once per `qos-pool-probe-interval`, so that an empty pool probes each such
     /// endpoint at that interval. The backoff (failures doubling the wait up to
     /// `qos-pool-probe-max-interval`, flaps up to a minute) keeps a pod that misses from
-    /// taking client requests too soon, but while the pool is empty every request goes
-    /// to a pod expected to miss anyway, and the pod that recovered first is found only
-    /// by its probe: before this, a 12 ms service's client stayed on pods 50 ms away for
-    /// up to the whole wait after its near pod recovered (`tests/tight_slo.rs`). Returns
-    /// how many probes were brought forward.
-    pub fn hurry_probes(&self, env: &Environment, local_node: Option<&str>, now: Instant) -> usize {
+    /// taking client requests too soon; while the pool is empty every request goes to a
+    /// pod expected to miss anyway, and only a probe can find the pod that recovered.
+    pub(crate) fn hurry_probes(&self, env: &Environment, local_node: Option<&str>, now: Instant) {
         let interval = self.spec.settings.qos_pool.probe_interval;
         let at = self.nanos(now).max(1);
         let last = self.hurried.load(Ordering::Relaxed);
         let step = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         if last != 0 && at < last.saturating_add(step) {
-            return 0;
+            return;
         }
         if self
             .hurried
             .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
-            return 0;
+            return;
         }
         let slo = self.spec.settings.latency_slo;
-        self.eligible
-            .iter()
-            .filter(|&&i| {
-                self.rtt(i, env, local_node, now)
-                    .is_none_or(|rtt| rtt < slo)
-            })
-            .filter(|&&i| self.endpoints[i].state.hurry_probe(now))
-            .count()
+        for &i in &self.eligible {
+            if self
+                .rtt(i, env, local_node, now)
+                .is_none_or(|rtt| rtt < slo)
+            {
+                self.endpoints[i].state.hurry_probe(now);
+            }
+        }
     }
 
     /// Take note of `state`'s cooldown, if it has one at `now` (call after anything
