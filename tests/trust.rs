@@ -250,11 +250,8 @@ async fn a_request_the_client_abandons_is_still_measured_over_http1_and_h2() {
     // pod must end up out of the pool, and the departure itself must be seen for both
     // an HTTP/1 close and an h2 stream reset.
     let slow = pod("slow", 2000).await;
-    let setup = Setup::start_with(
-        &topology("latency-slo: 1s", &[("slow", slow.addr())]),
-        &[("PROXIMA_LOG", "info,proxima_proxy=debug")],
-    )
-    .await;
+    let setup =
+        Setup::start_with(&topology("latency-slo: 1s", &[("slow", slow.addr())]), &[]).await;
     let url = format!("http://{}/", setup.proxima.proxy);
     let h2: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -319,8 +316,10 @@ async fn a_pod_that_hangs_leaves_the_pool_in_a_fraction_of_a_second() {
     // misses against 60 good answers, too few for the latency test's margin alone.
     let (a, hang) = (pod("a", 5).await, pod("hang", 5).await);
     let setup = Arc::new(
+        // No hedges: they would answer the waiting requests from `a` and leave the
+        // hanging pod to the latency test (`a_request_to_a_pod_gone_silent_…`).
         Setup::start(&topology(
-            "latency-slo: 100ms, timeout: 15s",
+            "latency-slo: 100ms, timeout: 15s, qos-pool-hedge: 'off'",
             &[("a", a.addr()), ("hang", hang.addr())],
         ))
         .await,
@@ -360,6 +359,103 @@ async fn a_pod_that_hangs_leaves_the_pool_in_a_fraction_of_a_second() {
     for w in waiting {
         w.abort();
     }
+}
+
+/// The value of the sample `series` (name and labels, as exposed) in `metrics`; 0 when
+/// absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_to_a_pod_gone_silent_is_answered_by_another_within_the_slo() {
+    // A 400 ms SLO on pods answering in 5 ms: a request left waiting by a pod that went
+    // silent (a blackholed zone) goes to the other pod as well at 400 - 5 - 40 ms, and
+    // the client gets that answer instead of waiting for the timeout.
+    let (a, silent) = (pod("a", 5).await, pod("silent", 5).await);
+    let setup = Setup::start(&topology(
+        "latency-slo: 400ms, slo-percentile: 99, timeout: 15s",
+        &[("a", a.addr()), ("silent", silent.addr())],
+    ))
+    .await;
+    for _ in 0..200 {
+        setup.request(PATIENT).await;
+    }
+    assert_eq!(setup.endpoint("silent").await["in_pool"], true);
+    silent.set_delay(Duration::from_secs(20));
+    let mut seen = vec![];
+    for _ in 0..20 {
+        // Without the hedge, a request on the silent pod waits for the 15 s timeout.
+        seen.push(setup.request(Duration::from_secs(3)).await);
+    }
+    assert_eq!(
+        share(&seen, "a"),
+        1.0,
+        "every request answered, by a: {seen:?}"
+    );
+    let url = format!("http://{}/metrics", setup.proxima.admin);
+    let metrics = get(&setup.http, &url, None).await.body;
+    let hedges = sample(
+        &metrics,
+        r#"proxima_picks_total{reason="hedge",service="svc.default"}"#,
+    );
+    let outraced = sample(
+        &metrics,
+        r#"proxima_unanswered_total{service="svc.default",why="outraced"}"#,
+    );
+    eprintln!("hedges {hedges}, outraced {outraced}");
+    assert!(hedges >= 1.0, "{metrics}");
+    assert_eq!(hedges, outraced, "every hedge answered first: {metrics}");
+    // Each outraced copy is a miss: the silent pod leaves the pool after a few.
+    let e = setup.endpoint("silent").await;
+    assert_eq!(e["in_pool"], false, "{e:#}");
+    assert!(
+        hedges <= 10.0,
+        "hedged until it left the pool, not forever: {hedges}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_must_not_reach_two_pods_is_never_hedged() {
+    let (a, silent) = (pod("a", 5).await, pod("silent", 5).await);
+    let setup = Setup::start(&topology(
+        "latency-slo: 400ms, slo-percentile: 99, timeout: 2s",
+        &[("a", a.addr()), ("silent", silent.addr())],
+    ))
+    .await;
+    for _ in 0..200 {
+        setup.request(PATIENT).await;
+    }
+    silent.set_delay(Duration::from_secs(20));
+    let mut statuses = vec![];
+    for _ in 0..4 {
+        let mut conn = tokio::net::TcpStream::connect(setup.proxima.proxy)
+            .await
+            .expect("connect");
+        let post = "POST / HTTP/1.1\r\nhost: svc\r\nx-service: svc\r\ncontent-length: 5\r\nconnection: close\r\n\r\norder";
+        conn.write_all(post.as_bytes()).await.expect("write");
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).await.expect("read");
+        let status = answer.get(9..12).and_then(|s| s.parse::<u16>().ok());
+        statuses.push(status.unwrap_or_else(|| panic!("no status line: {answer:?}")));
+    }
+    // The POSTs that landed on the silent pod waited for it: 504 at the timeout.
+    assert!(statuses.contains(&504), "{statuses:?}");
+    let metrics = get(
+        &setup.http,
+        &format!("http://{}/metrics", setup.proxima.admin),
+        None,
+    )
+    .await
+    .body;
+    let hedges = sample(
+        &metrics,
+        r#"proxima_picks_total{reason="hedge",service="svc.default"}"#,
+    );
+    assert_eq!(hedges, 0.0, "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -546,6 +546,24 @@ impl Route {
         }
     }
 
+    /// The pool member other than `except`, not cooling down, with the shortest
+    /// predicted time at the SLO percentile, and that time: where a late attempt on
+    /// `except` is hedged (see [`crate::Picked::hedge_after`]). Members without a
+    /// prediction (warming, never measured) or whose percentile rank is a failure are
+    /// not counted on.
+    pub fn fastest_other_member(&self, except: usize, now: Instant) -> Option<(usize, Duration)> {
+        self.read_pool(|pool| {
+            pool.iter()
+                .filter(|&i| i != except && !self.state(i).cooling_down(now))
+                .filter_map(|i| {
+                    let score = self.state(i).score_micros();
+                    (score > 0 && score < u64::MAX).then_some((i, score))
+                })
+                .min_by_key(|&(_, score)| score)
+        })
+        .map(|(i, score)| (i, Duration::from_micros(score)))
+    }
+
     /// The endpoint index with this id.
     pub fn index_of(&self, id: &str) -> Option<usize> {
         self.endpoints.iter().position(|e| e.endpoint.id == id)

@@ -270,7 +270,41 @@ impl Picked {
     pub fn state(&self) -> &Arc<EndpointState> {
         &self.route().endpoints[self.index].state
     }
+
+    /// How long this attempt may go without response headers before its request is
+    /// sent to a second pod as well (a *hedged request*: Dean and Barroso, "The Tail at
+    /// Scale", CACM 2013, which defer the second copy until the first has been
+    /// outstanding longer than the 95th-percentile expected latency). Ours is tied to
+    /// the SLO instead of a fixed percentile: the second copy goes to the pool member
+    /// predicted fastest at the SLO percentile ([`Route::fastest_other_member`]), at
+    /// the last moment it can still answer within the SLO with a tenth of it to spare,
+    /// `SLO − its prediction − SLO/10`. Sent later it could not meet the SLO; sent
+    /// earlier it would duplicate answers that were merely slow. No hedge (`None`) when
+    /// that moment comes before this endpoint's own prediction while that prediction
+    /// meets the SLO (the hedge would then
+    /// duplicate more than the percentile's share of its requests: a tight SLO leaves no
+    /// room for a second try), when no other member has a prediction, or when the
+    /// strategy or `qos-pool-hedge: off` says so. A pod that went silent (a blackholed
+    /// zone, a hung process) then costs its in-flight requests a late answer instead of
+    /// a timeout, and the pool member a bounded share of duplicates.
+    pub fn hedge_after(&self, now: Instant) -> Option<Duration> {
+        let route = self.route();
+        let slo = route.settings().latency_slo;
+        if !(route.settings().qos_pool.hedge && route.strategy.hedges()) {
+            return None;
+        }
+        let (_, fastest) = route.fastest_other_member(self.index, now)?;
+        let after = slo.checked_sub(fastest + slo / HEDGE_SPARE)?;
+        // This endpoint's own prediction: unknown, or past the SLO (a member not yet
+        // judged out on its misses), does not hold the hedge back.
+        let own = u128::from(route.state(self.index).score_micros());
+        let after_own = own == 0 || own >= slo.as_micros() || after.as_micros() > own;
+        (after_own && !after.is_zero()).then_some(after)
+    }
 }
+
+/// A hedge must leave the SLO divided by this to spare (see [`Picked::hedge_after`]).
+const HEDGE_SPARE: u32 = 10;
 
 /// A background probe of an evicted endpoint, claimed by [`Router::due_probes`]. Report
 /// it with [`Router::finish_probe`]; dropping it unreported frees the claim.
@@ -871,6 +905,26 @@ impl Router {
             overdue: AtomicBool::new(false),
             holds: choice.index,
         }
+    }
+
+    /// The second attempt of a request whose attempt on `first` is late (see
+    /// [`Picked::hedge_after`]): the pool member predicted fastest other than it, on the
+    /// port `port` names; `None` when there is none. Not charged to the spreading
+    /// counters: a hedge is a copy, not a request's share.
+    pub fn pick_hedge(
+        &self,
+        first: &Picked,
+        port: Option<PortRef<'_>>,
+        now: Instant,
+    ) -> Option<Picked> {
+        let route = first.route();
+        let (index, _) = route.fastest_other_member(first.index, now)?;
+        let target = route.addr(resolve_port_slot(route, port).ok()?, index)?;
+        let choice = Choice {
+            index,
+            reason: Reason::Hedge,
+        };
+        Some(self.picked(route, None, choice, target, now))
     }
 
     /// Report how an attempt went (Algorithm 1, `storeQoSMeasurements`). Returns the

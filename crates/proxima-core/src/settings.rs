@@ -63,6 +63,10 @@ pub struct QosPoolParams {
     /// this confidence (see `estimator::likely_misses`); 0 judges on the share alone, as
     /// QEdgeProxy's point estimate does.
     pub verdict_confidence: f64,
+    /// `qos-pool-hedge` (`on` | `off`): a request that may go twice and has waited as
+    /// long as a second pod can still answer within the SLO goes to that pod as well
+    /// (see `forward.rs` in the proxy and [`crate::Picked::hedge_after`]).
+    pub hedge: bool,
 }
 
 /// What background probes of evicted endpoints look like (`qos-pool-probe`).
@@ -98,6 +102,7 @@ impl Default for QosPoolParams {
             probe_idle_after: Duration::from_secs(60),
             probe: ProbeShape::Path,
             verdict_confidence: 95.0,
+            hedge: true,
         }
     }
 }
@@ -312,6 +317,13 @@ impl ServiceSettings {
             }
             "qos-pool-slow-start" => self.qos_pool.slow_start = dur(value)?,
             "qos-pool-probe-idle-after" => self.qos_pool.probe_idle_after = dur(value)?,
+            "qos-pool-hedge" => {
+                self.qos_pool.hedge = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(SettingError::new(key, value, "\"on\" or \"off\"")),
+                };
+            }
             "qos-pool-verdict-confidence" => {
                 self.qos_pool.verdict_confidence = percent(
                     key,
@@ -816,8 +828,10 @@ mod tests {
             ("qos-pool-slow-start", "0s"),
             ("qos-pool-verdict-confidence", "99%"),
             ("qos-pool-probe-idle-after", "0s"),
+            ("qos-pool-hedge", "off"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
+        assert!(!s.qos_pool.hedge);
         assert_eq!(s.qos_pool.probe_idle_after, Duration::ZERO);
         assert_eq!(s.qos_pool.eject_after, 7);
         assert_eq!(s.qos_pool.max_ejection_percent, 34.0);
@@ -829,8 +843,9 @@ mod tests {
             ("qos-pool-slow-start", "10"),
             ("qos-pool-verdict-confidence", "100"),
             ("qos-pool-probe-idle-after", "soon"),
+            ("qos-pool-hedge", "yes"),
         ]);
-        assert_eq!(errors.len(), 5);
+        assert_eq!(errors.len(), 6);
         assert_eq!(s.qos_pool, QosPoolParams::default());
     }
 

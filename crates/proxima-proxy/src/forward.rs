@@ -56,7 +56,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use proxima_core::endpoint::unanswered_limit;
 use proxima_core::{
-    EndpointId, Outcome, PickError, Picked, PoolChange, PortProtocol, PortRef, ServiceKey,
+    EndpointId, Outcome, PickError, Picked, PoolChange, PortProtocol, PortRef, Reason, ServiceKey,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -897,6 +897,22 @@ struct Watch<'a> {
     deadline: Instant,
     /// Set by the attempt once its request begins to be written.
     sent: &'a AtomicBool,
+    /// Who drops the attempt if it is dropped unanswered.
+    dropped_by: DroppedBy,
+}
+
+/// Why a watched attempt would be dropped before its answer (see [`Abandoned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DroppedBy {
+    /// The client went away.
+    Client,
+    /// It is a hedged request's first copy and the hedge answered first: it has waited
+    /// past its pod's own prediction and past the last moment another pod could still
+    /// meet the SLO, so it is stored as a miss (whether it would have answered in the
+    /// little time left, the proxy will not learn).
+    Hedge,
+    /// It is the hedge and the first copy answered first: no evidence against its pod.
+    FirstCopy,
 }
 
 /// A moment a watched attempt is judged at (see [`Proxy::watched`]): `limit` after it
@@ -931,16 +947,18 @@ impl Moment {
     }
 }
 
-/// The two moments of a watched attempt: overdue (the SLO), then hung
-/// ([`unanswered_limit`]), each judged once.
+/// The moments of a watched attempt, each judged once: the hedge, if the request has
+/// one (`Picked::hedge_after`), overdue (the SLO), then hung ([`unanswered_limit`]).
 struct Waits {
+    hedge: Option<Moment>,
     overdue: Moment,
     hung: Moment,
 }
 
 impl Waits {
-    fn new(picked: &Picked, slo: Duration) -> Self {
+    fn new(picked: &Picked, slo: Duration, hedge_after: Option<Duration>) -> Self {
         Self {
+            hedge: hedge_after.map(|after| Moment::new(picked.at, after)),
             overdue: Moment::new(picked.at, slo),
             hung: Moment::new(picked.at, unanswered_limit(picked.route().settings())),
         }
@@ -948,11 +966,25 @@ impl Waits {
 
     /// The next moment to look at, the deadline at the latest.
     fn next(&self, deadline: Instant) -> Instant {
-        self.overdue
-            .at
-            .or(self.hung.at)
-            .map_or(deadline, |at| at.min(deadline))
+        [
+            self.hedge.as_ref().and_then(|h| h.at),
+            self.overdue.at,
+            self.hung.at,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(deadline, Instant::min)
     }
+}
+
+/// How a watch of an attempt ended.
+// As large as an `Attempt`, which it carries on every request: boxing it would add an
+// allocation to each.
+#[allow(clippy::large_enum_variant)]
+enum Watched {
+    Done(Attempt),
+    /// The hedge's moment came with the attempt still unanswered; it goes on.
+    HedgeDue,
 }
 
 /// Dropped with `armed` set when the client went away (HTTP/1 close, h2 reset) while an
@@ -963,6 +995,7 @@ struct Abandoned<'a> {
     service: &'a ServiceMetrics,
     stall_start: Duration,
     armed: bool,
+    dropped_by: DroppedBy,
 }
 
 impl Drop for Abandoned<'_> {
@@ -973,17 +1006,58 @@ impl Drop for Abandoned<'_> {
         let now = Instant::now();
         let stall = self.proxy.stall_total(now).saturating_sub(self.stall_start);
         let endpoint = &self.picked.endpoint().id;
-        debug!(
-            service = self.service.label(),
-            %endpoint,
-            waited_ms = now.saturating_duration_since(self.picked.at).as_millis() as u64,
-            "the client went away before the endpoint answered"
-        );
-        self.service.abandoned();
-        if let Some(change) = self.proxy.router.record_abandoned(self.picked, now, stall) {
+        let waited_ms = now.saturating_duration_since(self.picked.at).as_millis() as u64;
+        if self.dropped_by == DroppedBy::Client {
+            debug!(service = self.service.label(), %endpoint, waited_ms,
+                "the client went away before the endpoint answered");
+            self.service.abandoned();
+        } else {
+            debug!(service = self.service.label(), %endpoint, waited_ms,
+                "the other copy of the hedged request answered first");
+            self.service.outraced();
+        }
+        let router = &self.proxy.router;
+        let change = match self.dropped_by {
+            DroppedBy::Hedge => router.record_overdue(self.picked, now),
+            DroppedBy::Client | DroppedBy::FirstCopy => {
+                router.record_abandoned(self.picked, now, stall)
+            }
+        };
+        if let Some(change) = change {
             self.proxy.pool_changed(self.service, endpoint, change);
         }
     }
+}
+
+/// A hedged request's first attempt, while the hedge races it.
+struct Leg<'a, 'w> {
+    picked: &'a Picked,
+    endpoint: &'a Arc<EndpointMetrics>,
+    attempt_start: Instant,
+    watch: Watch<'w>,
+    waits: &'a mut Waits,
+}
+
+/// What a hedge's race needs to know of the request.
+struct Race<'a> {
+    service: &'a Arc<ServiceMetrics>,
+    port: Option<PortRef<'a>>,
+    grpc: bool,
+    /// The time the request has, and whether it is a call's own deadline ([`Place`]).
+    limit: Duration,
+    call_deadline: bool,
+    connect_timeout: Duration,
+}
+
+/// The second copy of a hedged request (see [`Proxy::hedge`]).
+struct Hedged {
+    picked: Picked,
+    endpoint: Arc<EndpointMetrics>,
+    start: Instant,
+    stall_start: Duration,
+    /// Its attempt is the one gone on with: it answered first, or the first copy
+    /// failed and it ended after.
+    chosen: bool,
 }
 
 /// The answer to give when no further attempt is made, and the endpoint it is counted
@@ -1077,29 +1151,33 @@ impl Proxy {
         &self,
         picked: &Picked,
         service: &ServiceMetrics,
-        watch: Watch<'_>,
+        watch: &Watch<'_>,
+        waits: &mut Waits,
         mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
-    ) -> Attempt {
+    ) -> Watched {
         let mut abandoned = Abandoned {
             proxy: self,
             picked,
             service,
             stall_start: watch.stall_start,
             armed: true,
+            dropped_by: watch.dropped_by,
         };
-        let mut waits = Waits::new(picked, watch.slo);
         let timer = tokio::time::sleep_until(waits.next(watch.deadline).into());
         tokio::pin!(timer);
         let result = loop {
             tokio::select! {
                 biased;
-                result = attempt.as_mut() => break result,
+                result = attempt.as_mut() => break Watched::Done(result),
                 () = timer.as_mut() => {
                     let now = Instant::now();
                     if now >= watch.deadline {
-                        break Attempt::TimedOut { sent: watch.sent.load(Ordering::Relaxed) };
+                        let sent = watch.sent.load(Ordering::Relaxed);
+                        break Watched::Done(Attempt::TimedOut { sent });
                     }
-                    self.judge_wait(picked, service, watch.stall_start, &mut waits, now);
+                    if self.judge_wait(picked, service, watch.stall_start, waits, now) {
+                        break Watched::HedgeDue;
+                    }
                     timer.as_mut().reset(waits.next(watch.deadline).into());
                 }
             }
@@ -1111,6 +1189,7 @@ impl Proxy {
     /// An attempt still without response headers at `now`: store the overdue miss once
     /// it has waited longer than the SLO, then judge its pod once it has waited the
     /// unanswered limit, neither counting the proxy's own stalls since `stall_start`.
+    /// Whether the hedge's moment came (once).
     fn judge_wait(
         &self,
         picked: &Picked,
@@ -1118,11 +1197,18 @@ impl Proxy {
         stall_start: Duration,
         waits: &mut Waits,
         now: Instant,
-    ) {
+    ) -> bool {
         let stall = self.stall_total(now).saturating_sub(stall_start);
         let waited = now
             .saturating_duration_since(picked.at)
             .saturating_sub(stall);
+        let hedge_due = waits
+            .hedge
+            .as_mut()
+            .is_some_and(|hedge| hedge.reached(picked.at, now, waited, stall));
+        if hedge_due {
+            waits.hedge = None;
+        }
         let endpoint = &picked.endpoint().id;
         if waits.overdue.reached(picked.at, now, waited, stall) {
             debug!(service = service.label(), %endpoint, slo = ?waits.overdue.limit,
@@ -1139,6 +1225,158 @@ impl Proxy {
                 self.metrics.pool_change(service, change);
             }
         }
+        hedge_due
+    }
+
+    /// Send the request of a late first attempt to a second pod as well
+    /// ([`Router::pick_hedge`](proxima_core::Router::pick_hedge), at the moment
+    /// `Picked::hedge_after` set) and go on with the copy that answers first; the other
+    /// is dropped, its wait so far stored as an abandoned attempt's. A copy that fails
+    /// first is recorded as any failed attempt and the other is waited for. No hedge
+    /// (and the first copy is waited for alone) when the retry budget refuses it or no
+    /// other member can take it. The hedge is sent only for a request that may reach a
+    /// pod twice (`replayable`), so either pod may act on it.
+    async fn hedge(
+        &self,
+        first: Leg<'_, '_>,
+        mut sent: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
+        replay: Option<Replay>,
+        race: Race<'_>,
+    ) -> (Attempt, Option<Hedged>) {
+        let now = Instant::now();
+        let route = first.picked.route();
+        let second = match replay {
+            Some(replay) if route.retry_budget().try_retry(now) => self
+                .router
+                .pick_hedge(first.picked, race.port, now)
+                .map(|picked| (picked, replay)),
+            Some(_) => {
+                race.service.retry_refused();
+                None
+            }
+            None => None,
+        };
+        let Some((picked, replay)) = second else {
+            let alone =
+                self.watched_to_end(first.picked, race.service, &first.watch, first.waits, sent);
+            return (alone.await, None);
+        };
+        race.service.pick(Reason::Hedge);
+        debug!(service = race.service.label(), late = %first.picked.endpoint().id,
+            hedge = %picked.endpoint().id, "request late: sent to a second pod as well");
+        let endpoint = race.service.endpoint(&picked.endpoint().id);
+        let stall_start = self.stall_total(now);
+        let written = AtomicBool::new(false);
+        let hedge_sent = attempt(
+            &self.pool,
+            picked.addr,
+            picked.protocol,
+            replay.request(),
+            first.watch.deadline,
+            race.connect_timeout,
+            true,
+            &written,
+        );
+        tokio::pin!(hedge_sent);
+        let watch = Watch {
+            stall_start,
+            slo: first.watch.slo,
+            deadline: first.watch.deadline,
+            sent: &written,
+            dropped_by: DroppedBy::FirstCopy,
+        };
+        let mut waits = Waits::new(&picked, watch.slo, None);
+        let first_watch = Watch {
+            dropped_by: DroppedBy::Hedge,
+            ..first.watch
+        };
+        let (attempt, chosen) = {
+            let one = self.watched_to_end(
+                first.picked,
+                race.service,
+                &first_watch,
+                first.waits,
+                sent.as_mut(),
+            );
+            let two = self.watched_to_end(
+                &picked,
+                race.service,
+                &watch,
+                &mut waits,
+                hedge_sent.as_mut(),
+            );
+            tokio::pin!(one, two);
+            tokio::select! {
+                a = one.as_mut() => match a {
+                    a @ Attempt::Response(..) => (a, false),
+                    a => {
+                        let (start, stall) = (first.attempt_start, first.watch.stall_start);
+                        self.settle_lost(first.picked, first.endpoint, &a, start, stall, &race);
+                        (two.as_mut().await, true)
+                    }
+                },
+                b = two.as_mut() => match b {
+                    b @ Attempt::Response(..) => (b, true),
+                    b => {
+                        self.settle_lost(&picked, &endpoint, &b, now, stall_start, &race);
+                        (one.as_mut().await, false)
+                    }
+                },
+            }
+        };
+        let hedged = Hedged {
+            picked,
+            endpoint,
+            start: now,
+            stall_start,
+            chosen,
+        };
+        (attempt, Some(hedged))
+    }
+
+    /// [`Proxy::watched`] to the attempt's end, past its hedge's moment if it has one.
+    async fn watched_to_end(
+        &self,
+        picked: &Picked,
+        service: &ServiceMetrics,
+        watch: &Watch<'_>,
+        waits: &mut Waits,
+        mut attempt: std::pin::Pin<&mut impl std::future::Future<Output = Attempt>>,
+    ) -> Attempt {
+        loop {
+            let watched = self.watched(picked, service, watch, waits, attempt.as_mut());
+            if let Watched::Done(attempt) = watched.await {
+                return attempt;
+            }
+        }
+    }
+
+    /// Record a hedged request's copy that failed while the other still waits.
+    fn settle_lost(
+        &self,
+        picked: &Picked,
+        endpoint: &EndpointMetrics,
+        attempt: &Attempt,
+        attempt_start: Instant,
+        stall_start: Duration,
+        race: &Race<'_>,
+    ) {
+        let (ended, now) = attempt.ended(attempt_start, race.grpc);
+        let place = Place {
+            endpoint: &picked.endpoint().id,
+            addr: picked.addr,
+            limit: race.limit,
+            call_deadline: race.call_deadline,
+        };
+        let verdict = verdict::judge(&ended, place, picked.route().settings());
+        if let Some(outcome) = verdict.outcome {
+            self.record(picked, race.service, now, outcome, stall_start);
+        }
+        if let Some(kind) = verdict.error {
+            endpoint.error(kind);
+        }
+        debug!(service = race.service.label(), endpoint = %picked.endpoint().id, ?ended,
+            "a copy of a hedged request failed; waiting for the other");
     }
 
     /// Answer a request that names no routable service or is malformed.
@@ -1320,6 +1558,12 @@ impl Proxy {
                 // Kept for a retry on another pod only when one can follow.
                 let keep =
                     replayable && retries_done < retries && picked.route().eligible().len() > 1;
+                // A late first attempt may be sent to a second pod as well; its copy of
+                // the request is made now, as the attempt takes the request.
+                let hedge_after = (keep && tried.is_empty())
+                    .then(|| picked.hedge_after(attempt_start))
+                    .flatten();
+                let replay = hedge_after.map(|_| Replay::of(&req));
                 service.pick(picked.reason);
                 let endpoint = service.endpoint(&picked.endpoint().id);
                 let addr = picked.addr;
@@ -1346,19 +1590,54 @@ impl Proxy {
                     &written,
                 );
                 tokio::pin!(sent);
-                let attempt = self
-                    .watched(
-                        &picked,
-                        &service,
-                        Watch {
-                            stall_start,
-                            slo,
-                            deadline,
-                            sent: &written,
-                        },
-                        sent,
-                    )
+                let watch = Watch {
+                    stall_start,
+                    slo,
+                    deadline,
+                    sent: &written,
+                    dropped_by: DroppedBy::Client,
+                };
+                let mut waits = Waits::new(&picked, slo, hedge_after);
+                let watched = self
+                    .watched(&picked, &service, &watch, &mut waits, sent.as_mut())
                     .await;
+                let (attempt, hedge) = match (watched, replay) {
+                    (Watched::Done(attempt), _) => (attempt, None),
+                    (Watched::HedgeDue, replay) => {
+                        let first = Leg {
+                            picked: &picked,
+                            endpoint: &endpoint,
+                            attempt_start,
+                            watch,
+                            waits: &mut waits,
+                        };
+                        let race = Race {
+                            service: &service,
+                            port,
+                            grpc,
+                            limit,
+                            call_deadline: limit < timeout,
+                            connect_timeout,
+                        };
+                        self.hedge(first, sent.as_mut(), replay, race).await
+                    }
+                };
+                // A hedge counts as a retry; the copy gone on with is the one that
+                // answered first (or failed last).
+                let (picked, endpoint, attempt_start, stall_start) = match hedge {
+                    None => (picked, endpoint, attempt_start, stall_start),
+                    Some(hedge) => {
+                        retries_done += 1;
+                        let other = if hedge.chosen { &picked } else { &hedge.picked };
+                        tried.push(other.endpoint().id.clone());
+                        if hedge.chosen {
+                            (hedge.picked, hedge.endpoint, hedge.start, hedge.stall_start)
+                        } else {
+                            (picked, endpoint, attempt_start, stall_start)
+                        }
+                    }
+                };
+                let settings = picked.route().settings();
                 let place = Place {
                     endpoint: &picked.endpoint().id,
                     addr,

@@ -9,10 +9,10 @@
 //! | `proxima_pool_changes_total` | service, change=`evicted`\|`readmitted` | QoS-pool membership changes |
 //! | `proxima_upstream_errors_total` | service, endpoint, kind=`connect`\|`reset`\|`timeout`\|`protocol` | failed attempts |
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
-//! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), or that the client gave up on (`abandoned`) |
+//! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned`\|`outraced` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), that the client gave up on (`abandoned`), or dropped because the other copy of a hedged request answered first (`outraced`) |
 //! | `proxima_grpc_responses_total` | service, code | pods' answers to gRPC calls by `grpc-status` (`missing`: the answer ended without one, which gRPC clients take as INTERNAL) |
 //! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
-//! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] |
+//! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] (`hedge`: second copies of late requests) |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |
 //! | `proxima_upstream_idle_closed_total` | reason=`endpoint_limit`\|`total_limit`\|`expired` | idle connections the pool closed: over its bound per pod or in total (the oldest goes), or idle past `--upstream-idle-timeout` |
@@ -83,11 +83,12 @@ const COMMON_CODES: [u16; 18] = [
     200, 201, 202, 204, 206, 301, 302, 304, 400, 401, 403, 404, 409, 429, 500, 502, 503, 504,
 ];
 
-const REASONS: [Reason; 4] = [
+const REASONS: [Reason; 5] = [
     Reason::Pool,
     Reason::Fallback,
     Reason::Strategy,
     Reason::LastResort,
+    Reason::Hedge,
 ];
 
 /// Why an attempt failed, as counted in `proxima_upstream_errors_total`.
@@ -369,9 +370,10 @@ struct ServiceCounters {
     slo_missed: LazyCounter,
     retries: LazyCounter,
     retries_refused: LazyCounter,
-    picks: [LazyCounter; 4],
+    picks: [LazyCounter; 5],
     overdue: LazyCounter,
     abandoned: LazyCounter,
+    outraced: LazyCounter,
 }
 
 /// Cached label handles of one service.
@@ -517,7 +519,7 @@ impl Metrics {
             unanswered: counter_vec(
                 registry,
                 "proxima_unanswered_total",
-                "Attempts still without response headers when the SLO passed (overdue), or given up by the client (abandoned).",
+                "Attempts still without response headers when the SLO passed (overdue), given up by the client (abandoned), or dropped for a hedge's answer (outraced).",
                 &["service", "why"],
             )?,
         };
@@ -816,6 +818,7 @@ impl ServiceMetrics {
                 picks: std::array::from_fn(|_| LazyCounter::new()),
                 overdue: LazyCounter::new(),
                 abandoned: LazyCounter::new(),
+                outraced: LazyCounter::new(),
             })
         })
     }
@@ -856,6 +859,13 @@ impl ServiceMetrics {
     pub(crate) fn abandoned(&self) {
         let labels = [&*self.label, "abandoned"];
         self.count(&self.counters().abandoned, &self.vecs.unanswered, &labels);
+    }
+
+    /// An attempt still waiting for response headers was dropped because the other copy
+    /// of its hedged request answered first.
+    pub(crate) fn outraced(&self) {
+        let labels = [&*self.label, "outraced"];
+        self.count(&self.counters().outraced, &self.vecs.unanswered, &labels);
     }
 
     /// A pod's answer to a gRPC call had `grpc-status` `code` (`None`: it had none).
@@ -929,7 +939,7 @@ impl ServiceMetrics {
         let s = &*self.label;
         let _ = metrics.request_duration.remove_label_values(&[s]);
         let _ = metrics.retries.remove_label_values(&[s]);
-        for why in ["overdue", "abandoned"] {
+        for why in ["overdue", "abandoned", "outraced"] {
             let _ = metrics.unanswered.remove_label_values(&[s, why]);
         }
         let _ = metrics.retries_refused.remove_label_values(&[s]);

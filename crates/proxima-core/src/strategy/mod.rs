@@ -48,6 +48,9 @@ pub enum Reason {
     /// Every eligible endpoint was cooling down after connection failures; the one whose
     /// cooldown ends first is tried rather than failing the request.
     LastResort,
+    /// A second attempt of a request whose first is late: the pool member predicted
+    /// fastest ([`crate::Router::pick_hedge`]).
+    Hedge,
 }
 
 impl Reason {
@@ -58,6 +61,7 @@ impl Reason {
             Reason::Fallback => "fallback",
             Reason::Strategy => "strategy",
             Reason::LastResort => "last-resort",
+            Reason::Hedge => "hedge",
         }
     }
 }
@@ -284,6 +288,14 @@ pub trait Strategy: Send + Sync + fmt::Debug {
     /// Whether endpoints evicted from the QoS pool need background probes to come back
     /// (strategies that never send them traffic otherwise).
     fn probes_evicted(&self) -> bool {
+        false
+    }
+
+    /// Whether a request that may go twice is sent to a second pod once its attempt has
+    /// waited as long as that pod can still answer within the SLO (`qos-pool-hedge`;
+    /// see [`crate::Picked::hedge_after`]). Strategies that do not route by the SLO say
+    /// no: their papers send each request once.
+    fn hedges(&self) -> bool {
         false
     }
 

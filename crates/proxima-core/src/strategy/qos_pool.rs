@@ -253,6 +253,10 @@ impl Strategy for QosPool {
     fn probes_evicted(&self) -> bool {
         true
     }
+
+    fn hedges(&self) -> bool {
+        true
+    }
 }
 
 /// The better of two usable pool members by the even rule (see the module docs): not
