@@ -27,7 +27,14 @@
 //! * **Timeout**: the service's `timeout` bounds the whole request up to response
 //!   headers; when it passes the client gets `504` and nothing is retried.
 //!
-//! Retries also need the service's retry budget (`RetryBudget`, linkerd's rule: a
+//! * **Hedge** (`qos-pool-hedge`, on under the QoS pool): a first attempt of a
+//!   [`replayable`] request still without response headers at the last moment the
+//!   fastest other pool member can answer within the SLO (`Picked::hedge_after`) is
+//!   sent to that member as well, and the copy that answers first is the one the client
+//!   gets ([`Proxy::hedge`]; Dean and Barroso's hedged requests, timed by the SLO). A
+//!   hedge counts as a retry.
+//!
+//! Retries and hedges also need the service's retry budget (`RetryBudget`, linkerd's rule: a
 //! share of the requests plus a small floor per second): every request is counted in it,
 //! and a retry it refuses is not sent; the client gets the failure at hand.
 //!
@@ -1231,8 +1238,8 @@ impl Proxy {
     /// Send the request of a late first attempt to a second pod as well
     /// ([`Router::pick_hedge`](proxima_core::Router::pick_hedge), at the moment
     /// `Picked::hedge_after` set) and go on with the copy that answers first; the other
-    /// is dropped, its wait so far stored as an abandoned attempt's. A copy that fails
-    /// first is recorded as any failed attempt and the other is waited for. No hedge
+    /// is dropped (see [`DroppedBy`] for what is stored of it). A copy that fails first
+    /// is recorded as any failed attempt and the other is waited for. No hedge
     /// (and the first copy is waited for alone) when the retry budget refuses it or no
     /// other member can take it. The hedge is sent only for a request that may reach a
     /// pod twice (`replayable`), so either pod may act on it.
@@ -1619,7 +1626,9 @@ impl Proxy {
                             call_deadline: limit < timeout,
                             connect_timeout,
                         };
-                        self.hedge(first, sent.as_mut(), replay, race).await
+                        // Boxed: the rare path, whose second attempt would otherwise
+                        // make every request's future as large as two.
+                        Box::pin(self.hedge(first, sent.as_mut(), replay, race)).await
                     }
                 };
                 // A hedge counts as a retry; the copy gone on with is the one that

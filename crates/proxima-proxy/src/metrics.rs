@@ -11,7 +11,7 @@
 //! | `proxima_retries_total` | service | extra attempts on another endpoint |
 //! | `proxima_unanswered_total` | service, why=`overdue`\|`abandoned`\|`outraced` | attempts without response headers past the SLO (`overdue`, stored as a miss at that moment), that the client gave up on (`abandoned`), or dropped because the other copy of a hedged request answered first (`outraced`) |
 //! | `proxima_grpc_responses_total` | service, code | pods' answers to gRPC calls by `grpc-status` (`missing`: the answer ended without one, which gRPC clients take as INTERNAL) |
-//! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure) |
+//! | `proxima_retries_refused_total` | service | retries not sent because the service's retry budget was spent (the client got the failure), and hedges not sent for the same reason (the first copy was waited for alone) |
 //! | `proxima_picks_total` | service, reason | endpoint choices by [`Reason`] (`hedge`: second copies of late requests) |
 //! | `proxima_probes_total` | service, result=`met`\|`missed`\|`error` | background probes of evicted endpoints |
 //! | `proxima_upstream_idle_connections` | | idle keep-alive connections to pods kept now (bounded by `--upstream-max-idle-per-endpoint` and `--upstream-max-idle`) |

@@ -15,6 +15,7 @@
 # WEAK        the baselines far behind on every scenario so far (10-55 points), run
 #             only on the FULL size:seed pairs ["20:1"] to keep the whole under an hour
 # ONOFF    the size:seed run again with sharing off and with coordinates off ["50:1"]
+# REPEAT   rounds of every run (`proxima-testbed run --repeat`) [1]
 #
 # Each run's progress line is the testbed's own; `uptime` is logged before and after
 # each scenario, as the numbers mean little on a busy host (see the lag column).
@@ -28,6 +29,7 @@ STRATEGIES=${STRATEGIES:-"qos-pool:spread=slack,qos-pool:spread=even,local,rap"}
 WEAK=${WEAK:-"proximity:alpha=0.8,p2c-ewma,round-robin,kube-proxy"}
 FULL=${FULL:-"20:1"}
 ONOFF=${ONOFF:-"50:1"}
+REPEAT=${REPEAT:-1}
 LEAD=${LEAD:-${STRATEGIES%%,*}}
 
 [[ -x $TESTBED ]] || { echo "no $TESTBED: cargo build --release -p proxima-testbed" >&2; exit 1; }
@@ -45,7 +47,8 @@ generate() { # $1 nodes, $2 seed, $3 file
 dirs=()
 run_scenario() { # $1 name, $2 file, $3 strategies, $4 what to log
     log "$1: $4; $(uptime)"
-    "$TESTBED" run "$2" --strategies "$3" --no-plots --out "$OUT/runs/$1" > "$OUT/runs/$1.txt"
+    "$TESTBED" run "$2" --strategies "$3" --repeat "$REPEAT" --no-plots --out "$OUT/runs/$1" \
+        > "$OUT/runs/$1.txt"
     log "$1 done; $(uptime)"
     dirs+=("$OUT/runs/$1")
 }
