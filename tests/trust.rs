@@ -250,8 +250,11 @@ async fn a_request_the_client_abandons_is_still_measured_over_http1_and_h2() {
     // pod must end up out of the pool, and the departure itself must be seen for both
     // an HTTP/1 close and an h2 stream reset.
     let slow = pod("slow", 2000).await;
-    let setup =
-        Setup::start_with(&topology("latency-slo: 1s", &[("slow", slow.addr())]), &[]).await;
+    let setup = Setup::start_with(
+        &topology("latency-slo: 1s", &[("slow", slow.addr())]),
+        &[("PROXIMA_LOG", "info,proxima_proxy=debug")],
+    )
+    .await;
     let url = format!("http://{}/", setup.proxima.proxy);
     let h2: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

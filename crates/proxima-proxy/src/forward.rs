@@ -1153,7 +1153,9 @@ impl Proxy {
     /// request's `deadline` passes, the attempt is dropped and times out (`sent`: whether
     /// its request had begun to be written); if the client goes away first and this
     /// future is dropped, "no answer after T" is stored (see [`Abandoned`]). One timer
-    /// serves every moment, moved on from one to the next.
+    /// serves every moment, moved on from one to the next. A request with a hedge
+    /// (`waits.hedge`) is handed back at its moment, its attempt still running, for
+    /// [`Proxy::hedge`] to race it.
     async fn watched(
         &self,
         picked: &Picked,
