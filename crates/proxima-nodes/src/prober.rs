@@ -513,7 +513,7 @@ impl PeerProber {
         let digest = self.router.digest(now);
         let (pods, next) = share::encode(&digest, self.config.share_bytes, self.share_cursor);
         self.share_cursor = next;
-        local.set_pods(pods);
+        local.set_pods(&pods);
     }
 
     /// Take in the pod reports of the replies read at their times, as of `now`.
@@ -522,10 +522,10 @@ impl PeerProber {
             return None;
         }
         let reports: Vec<_> = replies
-            .iter()
+            .into_iter()
             .flat_map(|(received, pods)| {
-                let since = now.saturating_duration_since(*received);
-                pods.iter().filter_map(move |p| p.to_report(since))
+                let since = now.saturating_duration_since(received);
+                pods.into_iter().filter_map(move |p| p.into_report(since))
             })
             .collect();
         let heard = self.router.hear(&reports, now);

@@ -12,7 +12,7 @@
 //! A reply carries at most `budget` bytes of them ([`encode`]): every piece of news
 //! first (failure verdicts and returns), then processing estimates from a rotating
 //! cursor, so that over rounds every estimate travels whatever the cluster size. What a
-//! peer sends is checked before it is believed ([`WirePod::to_report`]): an entry that
+//! peer sends is checked before it is believed ([`WirePod::into_report`]): an entry that
 //! is malformed or out of range is dropped, the rest of the reply still counts.
 
 use std::time::Duration;
@@ -108,7 +108,7 @@ impl WirePod {
     /// The report, aged by `since_received` (the time between reading the reply and
     /// taking it in), if every part of it is well-formed and in range; a part that is
     /// not (an unknown verdict, a processing time without its sample count) is left out.
-    pub fn to_report(&self, since_received: Duration) -> Option<PodReport> {
+    pub fn into_report(self, since_received: Duration) -> Option<PodReport> {
         let (namespace, name) = self.svc.split_once('/')?;
         let names = [namespace, name, &self.pod, &self.by];
         if names.iter().any(|n| n.is_empty() || n.len() > MAX_NAME) || self.hops > MAX_HOPS {
@@ -137,8 +137,8 @@ impl WirePod {
         };
         (processing.is_some() || verdict.is_some()).then(|| PodReport {
             service: ServiceKey::new(namespace, name),
-            pod: self.pod.clone(),
-            origin: self.by.clone(),
+            pod: self.pod,
+            origin: self.by,
             hops: self.hops,
             processing,
             verdict,
@@ -219,10 +219,10 @@ mod tests {
         for r in [estimate(1), news()] {
             let json = serde_json::to_string(&WirePod::from_report(&r)).unwrap();
             let back: WirePod = serde_json::from_str(&json).unwrap();
-            assert_eq!(back.to_report(Duration::ZERO), Some(r), "{json}");
+            assert_eq!(back.clone().into_report(Duration::ZERO), Some(r), "{json}");
         }
         let aged = WirePod::from_report(&news())
-            .to_report(Duration::from_millis(30))
+            .into_report(Duration::from_millis(30))
             .unwrap();
         assert_eq!(aged.verdict.unwrap().age, Duration::from_millis(450));
     }
@@ -267,7 +267,7 @@ mod tests {
             },
         ];
         for pod in bad {
-            assert_eq!(pod.to_report(Duration::ZERO), None, "{pod:?}");
+            assert_eq!(pod.clone().into_report(Duration::ZERO), None, "{pod:?}");
         }
     }
 
