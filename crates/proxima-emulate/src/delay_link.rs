@@ -38,9 +38,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
-/// Size of one read from a socket.
-const READ_CHUNK: usize = 64 * 1024;
-/// Chunks in flight per direction (bounds memory at 64 MiB per direction).
+/// Size of one read from a socket (a buffer of this size per direction of each
+/// relayed connection).
+const READ_CHUNK: usize = 16 * 1024;
+/// Chunks in flight per direction (bounds memory at 16 MiB per direction).
 const QUEUE_CHUNKS: usize = 1024;
 
 /// A running delay relay. Dropping it closes the listener and every relayed
@@ -179,9 +180,13 @@ async fn delayed_copy(
     let (queue, mut pending) = mpsc::channel::<(Instant, Option<Bytes>)>(QUEUE_CHUNKS);
     let read_delay = delay_nanos.clone();
     let read_side = async move {
+        // One read buffer, and each chunk a copy of what was read. A chunk split off a
+        // shared buffer stays alive for the delay, so the next read had to allocate a
+        // fresh buffer, and the longer the delays a strategy chose, the more of those
+        // were alive at once: the emulation's own cost grew with its routing.
         let mut buffer = BytesMut::with_capacity(READ_CHUNK);
         loop {
-            buffer.reserve(READ_CHUNK);
+            buffer.clear();
             let read = reader.read_buf(&mut buffer).await?;
             let nanos = read_delay.load(Ordering::Relaxed);
             // Held data goes once the link is back (the writer waits for that).
@@ -190,7 +195,7 @@ async fn delayed_copy(
                     BLACKHOLE_NANOS => Duration::ZERO,
                     n => Duration::from_nanos(n),
                 };
-            let chunk = (read > 0).then(|| buffer.split().freeze());
+            let chunk = (read > 0).then(|| Bytes::copy_from_slice(&buffer));
             let at_end = chunk.is_none();
             if queue.send((due, chunk)).await.is_err() || at_end {
                 return Ok::<(), io::Error>(());
