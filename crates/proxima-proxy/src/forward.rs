@@ -1585,7 +1585,6 @@ impl Proxy {
                 let replay = hedge_after.map(|_| Replay::of(&req));
                 service.pick(picked.reason);
                 let mut endpoint = service.endpoint(&picked.endpoint().id);
-                let addr = picked.addr;
 
                 crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
                 let mut stall_start = self.stall_total(attempt_start);
@@ -1600,7 +1599,7 @@ impl Proxy {
                 }
                 let sent = attempt(
                     &self.pool,
-                    addr,
+                    picked.addr,
                     picked.protocol,
                     req,
                     deadline,
@@ -1662,9 +1661,10 @@ impl Proxy {
                     }
                 };
                 let settings = picked.route().settings();
+                // `picked`: the hedge's pod when its copy was gone on with.
                 let place = Place {
                     endpoint: &picked.endpoint().id,
-                    addr,
+                    addr: picked.addr,
                     limit,
                     call_deadline: limit < timeout,
                 };
