@@ -1249,8 +1249,8 @@ impl Proxy {
         &self,
         first: Leg<'_, '_>,
         // `dyn`: a second instance of `watched` for the hedge's rare path leaves the
-        // common one inlined into `forward` (one call site: 0.6% of the instructions
-        // per HTTP/1.1 request, `benches/load/instructions.sh`).
+        // common one inlined into `forward` (one call site: 0.3-0.4% of the
+        // instructions per HTTP/1.1 request, `benches/load/instructions.sh`).
         mut sent: std::pin::Pin<&mut (dyn std::future::Future<Output = Attempt> + Send)>,
         replay: Option<Replay>,
         race: Race<'_>,
@@ -1617,7 +1617,7 @@ impl Proxy {
                 };
                 let mut waits = Waits::new(&picked, slo, hedge_after);
                 // The common path moves the attempt once; a hedge's bookkeeping stays
-                // in its own branch (moving the attempt through tuples cost 2% of the
+                // in its own branch (moving the attempt through tuples cost 1% of the
                 // instructions per HTTP/1.1 request).
                 let watched = self
                     .watched(&picked, &service, &watch, &mut waits, sent.as_mut())
