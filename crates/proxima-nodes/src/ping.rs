@@ -183,9 +183,10 @@ impl LocalNode {
         *self.pods.write().unwrap_or_else(|e| e.into_inner()) = json;
     }
 
-    /// The reply to a ping, now, but for its pod reports (which [`LocalNode::ping`]
-    /// adds as they were serialised for the round).
-    pub fn reply(&self) -> PingReply {
+    /// The reply to a ping, now, but for its pod reports, which [`LocalNode::json`]
+    /// adds as they were serialised for the round. Private: what it returns is not
+    /// the whole reply.
+    fn reply(&self) -> PingReply {
         let reading = self.usage();
         let (coordinate, gossip) = match &self.coordinates {
             Some(c) => {

@@ -350,7 +350,7 @@ impl PeerProber {
 
     /// Run rounds about every `interval` until `shutdown` resolves: the first after a
     /// random share of the interval, then one every interval, each start jittered by up
-    /// to a tenth of it either way ([`round_wait`]).
+    /// to a tenth of it either way (`round_wait`).
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = self.config.interval.max(Duration::from_millis(10));
