@@ -362,6 +362,12 @@ fn explain_route(
                         detail.consecutive_failures
                     ),
                 };
+                // With no member in the pool, one good probe re-admits (endpoint.rs).
+                let to_return = if route.read_pool(|pool| pool.is_empty()) {
+                    1
+                } else {
+                    s.qos_pool.readmit_after
+                };
                 let mut base = match admission {
                     Admission::Warming if too_far(i).is_some() => {
                         format!(
@@ -404,7 +410,7 @@ fn explain_route(
                         prediction.within_slo,
                         prediction.samples,
                         consecutive_good,
-                        s.qos_pool.readmit_after
+                        to_return
                     ),
                     Admission::Evicted {
                         consecutive_good,
@@ -414,7 +420,7 @@ fn explain_route(
                         "ejected for consecutive failures ({} or more in a row, qos-pool-eject-after); probing, {}/{} good probes to return",
                         s.qos_pool.eject_after,
                         consecutive_good,
-                        s.qos_pool.readmit_after
+                        to_return
                     ),
                     Admission::Evicted {
                         consecutive_good,
@@ -424,7 +430,7 @@ fn explain_route(
                         "evicted as hung: a request went {}ms without an answer while it answered nothing else; probing, {}/{} good probes to return",
                         ms(unanswered_limit(s)),
                         consecutive_good,
-                        s.qos_pool.readmit_after
+                        to_return
                     ),
                 };
                 if admission.in_pool() && ep.state.suspected() {

@@ -1036,6 +1036,7 @@ impl Router {
             stall,
             may_eject: &may_eject,
             keep_in_pool: &keep_in_pool,
+            pool_empty: &|| route.read_pool(|pool| pool.is_empty()),
         };
         let was_measured = state.measured();
         let was_suspect = state.suspected();
@@ -1217,11 +1218,15 @@ impl Router {
         ticket.done = true;
         let was_measured = ticket.state.measured();
         let was_suspect = ticket.state.suspected();
-        let change =
-            ticket
-                .state
-                .observe(now, outcome, &ticket.settings, &Observation::plain(true));
-        if let Some(route) = self.table.load().services.get(&ticket.service) {
+        let table = self.table.load();
+        let route = table.services.get(&ticket.service);
+        let pool_empty = || route.is_some_and(|r| r.read_pool(|pool| pool.is_empty()));
+        let obs = Observation {
+            pool_empty: &pool_empty,
+            ..Observation::plain(true)
+        };
+        let change = ticket.state.observe(now, outcome, &ticket.settings, &obs);
+        if let Some(route) = route {
             route.note_cooldown(&ticket.state, now);
         }
         if change.is_some()

@@ -215,22 +215,58 @@ fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() 
     }
     assert_eq!(gaps, [200, 400, 800, 1000, 1000, 1000]);
 
-    // Recovery: three good probes in a row re-admit it.
-    let mut changes = vec![];
-    for _ in 0..3 {
-        assert!(pool_ids(&router).is_empty());
-        let (at, ticket) = next_probe(&router, last);
-        changes.push(router.finish_probe(ticket, at, Outcome::Response { latency: ms(10) }));
-        last = at;
-    }
-    assert_eq!(changes, [None, None, Some(PoolChange::Readmitted)]);
+    // Recovery. The pool is empty, so every request goes to a pod expected to miss: one
+    // good probe re-admits it (`readmit-after` counts while the pool has a member: the
+    // next test).
+    assert!(pool_ids(&router).is_empty());
+    let (at, ticket) = next_probe(&router, last);
+    let change = router.finish_probe(ticket, at, Outcome::Response { latency: ms(10) });
+    assert_eq!(change, Some(PoolChange::Readmitted));
+    last = at;
     assert_eq!(pool_ids(&router), ["pod-0"]);
     let picked = router.pick(&key(), None, last, &mut rng, &[]).unwrap();
     assert_eq!(picked.reason, Reason::Pool);
     // A re-admitted endpoint is judged on its recovery, not on the misses before it.
     let table = router.table();
     let explain = router.explain(last);
-    assert_eq!(explain.services[0].endpoints[0].samples, 3, "{:?}", table);
+    assert_eq!(explain.services[0].endpoints[0].samples, 1, "{:?}", table);
+}
+
+#[test]
+fn an_evicted_pod_returns_after_readmit_after_good_probes_while_the_pool_has_a_member() {
+    let t0 = Instant::now();
+    let s = settings(&[
+        ("latency-slo", "80ms"),
+        ("qos-pool-min-samples", "3"),
+        ("qos-pool-readmit-after", "3"),
+        ("qos-pool-probe-interval", "100ms"),
+    ]);
+    let router = router_with(2, s, t0);
+    let mut rng = SmallRng::seed_from_u64(3);
+    let mut t = t0;
+    for _ in 0..3 {
+        let p = router
+            .pick(&key(), None, t, &mut rng, &["pod-0".into()])
+            .unwrap();
+        router.record(&p, t, Outcome::Response { latency: ms(10) });
+        t += ms(10);
+    }
+    let p = router
+        .pick(&key(), None, t, &mut rng, &["pod-1".into()])
+        .unwrap();
+    assert_eq!(p.endpoint().id, "pod-0");
+    let change = router.record(&p, t, Outcome::Response { latency: ms(200) });
+    assert_eq!(change, Some(PoolChange::Evicted));
+    assert_eq!(pool_ids(&router), ["pod-1"]);
+    let mut last = t;
+    let mut changes = vec![];
+    for _ in 0..3 {
+        let (at, ticket) = next_probe(&router, last);
+        changes.push(router.finish_probe(ticket, at, Outcome::Response { latency: ms(10) }));
+        last = at;
+    }
+    assert_eq!(changes, [None, None, Some(PoolChange::Readmitted)]);
+    assert_eq!(pool_ids(&router), ["pod-0", "pod-1"]);
 }
 
 /// The first probe that becomes due after `from`, scanning in 1 ms steps.

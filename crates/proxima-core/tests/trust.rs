@@ -408,11 +408,24 @@ fn an_abandoned_attempt_is_a_miss_only_once_it_outlasted_the_slo() {
     assert_eq!((e.samples, e.within_slo), (11, 10));
 }
 
+/// A router of `pod-0` and `pod-1` under `pairs`, `pod-1` measured and in the pool
+/// (so that `readmit-after` counts: an empty pool re-admits on one good probe).
+fn router_with_a_good_member(pairs: &[(&str, &str)], now: Instant) -> Router {
+    let r = router(2, pairs, now);
+    let mut rng = SmallRng::seed_from_u64(70);
+    for _ in 0..3 {
+        let p = r
+            .pick(&key(), None, now, &mut rng, &["pod-0".into()])
+            .unwrap();
+        r.record(&p, now, ok(ms(5)));
+    }
+    r
+}
+
 #[test]
 fn probes_come_quickly_while_they_succeed() {
     let t0 = Instant::now();
-    let r = router(
-        1,
+    let r = router_with_a_good_member(
         &[
             ("latency-slo", "80ms"),
             ("qos-pool-probe-interval", "100ms"),
@@ -421,8 +434,8 @@ fn probes_come_quickly_while_they_succeed() {
         t0,
     );
     let mut rng = SmallRng::seed_from_u64(7);
-    request(&r, t0, &mut rng, &|_| ok(ms(300)));
-    assert!(pool(&r).is_empty());
+    evict_slow(&r, t0, &mut rng);
+    assert_eq!(pool(&r), ["pod-1"]);
     let mut last = t0;
     let mut gaps = vec![];
     for _ in 0..6 {
@@ -446,9 +459,73 @@ fn probes_come_quickly_while_they_succeed() {
     assert_eq!(changes, [None, None, Some(PoolChange::Readmitted)]);
 }
 
-/// Evict `pod-0` of a one-pod router with a slow answer at `at`.
+#[test]
+fn a_near_pod_back_from_failing_takes_the_traffic_on_its_first_good_probe_when_the_pool_is_empty() {
+    // A 12 ms SLO; pod-0 on this node answers in 3 ms, pod-1 is 60 ms away. pod-0 answers
+    // 503 for 10 s, so the pool is empty and requests (13 a second) fall back to pod-1,
+    // which misses every one. When pod-0 recovers, its first good probe brings it back:
+    // the requests stop going to a pod that always misses within a probe interval.
+    let t0 = Instant::now();
+    let r = router(
+        2,
+        &[
+            ("latency-slo", "12ms"),
+            ("qos-pool-probe-interval", "500ms"),
+        ],
+        t0,
+    );
+    r.update_environment(|env| env.set_latency("node-1", ms(60), t0));
+    let recovered = t0 + Duration::from_secs(10);
+    let answer = |id: &str, now: Instant| match id {
+        "pod-0" if now < recovered => Outcome::Answered {
+            latency: ms(2),
+            status: 503,
+        },
+        "pod-0" => ok(ms(3)),
+        _ => ok(ms(61)),
+    };
+    let mut rng = SmallRng::seed_from_u64(71);
+    let gap = ms(77);
+    let mut far_after_recovery = 0;
+    let mut back_at = None;
+    for k in 0..200u32 {
+        let now = t0 + gap * k;
+        for ticket in r.due_probes(now) {
+            let id = if ticket.addr == addr(0) {
+                "pod-0"
+            } else {
+                "pod-1"
+            };
+            r.finish_probe(ticket, now, answer(id, now));
+        }
+        let p = pick(&r, now, &mut rng);
+        let id = p.endpoint().id.clone();
+        r.record(&p, now, answer(&id, now));
+        if now >= recovered && back_at.is_none() {
+            if id == "pod-1" {
+                far_after_recovery += 1;
+            } else {
+                assert_eq!(p.reason, Reason::Pool);
+                back_at = Some(now);
+            }
+        }
+        if now > recovered - Duration::from_secs(5) && now < recovered {
+            assert!(pool(&r).is_empty(), "pod-0 in the pool while failing");
+        }
+    }
+    let back_at = back_at.expect("pod-0 back");
+    assert!(
+        back_at - recovered <= ms(500) + gap,
+        "back {:?} after recovering",
+        back_at - recovered
+    );
+    assert!(far_after_recovery <= 7, "{far_after_recovery}");
+}
+
+/// Evict `pod-0` with a slow answer at `at`.
 fn evict_slow(r: &Router, at: Instant, rng: &mut SmallRng) {
-    let p = pick(r, at, rng);
+    let p = r.pick(&key(), None, at, rng, &["pod-1".into()]).unwrap();
+    assert_eq!(p.endpoint().id, "pod-0");
     assert_eq!(r.record(&p, at, ok(ms(500))), Some(PoolChange::Evicted));
 }
 
@@ -469,8 +546,7 @@ fn readmit(r: &Router, from: Instant) -> (Instant, u128) {
 #[test]
 fn a_pod_that_flaps_waits_longer_each_time_and_is_forgiven_when_it_stays_healthy() {
     let t0 = Instant::now();
-    let r = router(
-        1,
+    let r = router_with_a_good_member(
         &[
             ("latency-slo", "80ms"),
             ("qos-pool-probe-interval", "100ms"),
@@ -816,6 +892,36 @@ fn the_slack_spread_sends_the_roomy_pods_most_evenly_and_starves_none() {
         .filter_map(|id| counts.get(*id))
         .sum();
     assert!(far < 120, "{counts:?}");
+}
+
+#[test]
+fn the_slack_spreads_even_turns_skip_a_member_within_noise_of_the_slo() {
+    // A 150 ms SLO at p99, 20 requests a second: pod-0 answers in 20 ms (the roomy
+    // tier), pod-1 in 100 ms (50 ms of room: outside the tier, but with room beyond the
+    // tier's width of 150 / 8 ms), pod-2 in 145 ms (5 ms of room: host jitter turns its
+    // answers into misses). The even turns keep pod-1 measured with a floor share;
+    // pod-2, once measured, gets none (before, it took the floor share too, and at 50
+    // nodes a pod like it missed a third of those requests).
+    let t0 = Instant::now();
+    let r = router(
+        3,
+        &[
+            ("latency-slo", "150ms"),
+            ("slo-percentile", "99"),
+            ("qos-pool-spread", "slack"),
+        ],
+        t0,
+    );
+    let latency = |id: &str| match id {
+        "pod-0" => ms(20),
+        "pod-1" => ms(100),
+        _ => ms(145),
+    };
+    let counts = spread_under_concurrency(&r, t0, &latency, ms(50), 2400);
+    eprintln!("{counts:?}");
+    assert_eq!(pool(&r), ["pod-0", "pod-1", "pod-2"]);
+    assert!(share_of(&counts, "pod-1") >= 0.06, "{counts:?}");
+    assert!(counts.get("pod-2").copied().unwrap_or(0) <= 2, "{counts:?}");
 }
 
 #[test]

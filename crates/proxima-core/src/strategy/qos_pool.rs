@@ -54,9 +54,17 @@
 //!   pod takes what it can serve without queueing and no more; a spread weighted by the
 //!   verdict window alone oscillated against a pod's capacity
 //!   (docs/results/issue-30.md). The papers' spread stays as a constraint: one decision
-//!   in eight (`qos-pool-slack-even-turns`) is taken by the even rule (which, the others' counters being ahead, goes
-//!   to the members outside the tier), so no member is starved or left unmeasured, and
-//!   the saturation rule below holds for both.
+//!   in eight (`qos-pool-slack-even-turns`) is an *even turn*, taken by the lowest
+//!   spreading counter among the cold members with room under the SLO beyond noise (at
+//!   least the tier's width, `SLO / 8`) or not yet measured by this proxy (which, the
+//!   others' counters being ahead, goes to the members outside the tier), so no member
+//!   that can meet the SLO is starved or left unmeasured; and the saturation rule below
+//!   holds for both. A member this proxy measured closer to the SLO than that takes no
+//!   even turns (with none to take it, the turn is the slack rule's): it gets requests
+//!   when the members with room are hot, or when none is cold (the even rule then
+//!   decides among all). A floor share sent there is a floor share of misses: at 50
+//!   nodes a pod 148 ± 5 ms away under a 150 ms p99 SLO missed a third of the even turns
+//!   it took (docs/results/issue-30.md).
 //! * **Saturation overrides evenness.** In-flight counts still decide when they show
 //!   that a member is actually saturated, i.e. it holds more requests than its latency
 //!   explains: `a` is saturated next to `b` when
@@ -186,18 +194,27 @@ impl Strategy for QosPool {
     fn pick(&self, ctx: &PickContext<'_>, rng: &mut dyn RngCore) -> Option<Choice> {
         // Read in place; the closure may run again if the pool changes meanwhile (it
         // only reads and draws), and the winner is charged once, below.
-        let rule = match self.spread {
-            Spread::Slack if self.even_turns == 0 || !rng.gen_ratio(1, self.even_turns) => {
-                Spread::Slack
+        let tier = match self.spread {
+            Spread::Even => None,
+            Spread::Slack if self.even_turns != 0 && rng.gen_ratio(1, self.even_turns) => {
+                Some(Tier::WithRoom(self.levels))
             }
-            _ => Spread::Even,
+            Spread::Slack => Some(Tier::Roomy(self.levels)),
         };
         let chosen = ctx.route.read_pool(|pool| match pool.len() {
             0 => None,
             1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
-            n => (rule == Spread::Slack)
-                .then(|| roomiest(ctx, n, |p| pool.get(p), rng, self.levels))
-                .flatten()
+            n => tier
+                .and_then(|tier| {
+                    let member = |p| pool.get(p);
+                    roomiest(ctx, n, member, rng, tier).or_else(|| match tier {
+                        // No member with room: the turn is the slack rule's.
+                        Tier::WithRoom(levels) => {
+                            roomiest(ctx, n, member, rng, Tier::Roomy(levels))
+                        }
+                        Tier::Roomy(_) => None,
+                    })
+                })
                 .or_else(|| {
                     two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b))
                 })
@@ -284,6 +301,17 @@ const SLACK_SAMPLE: usize = 8;
 /// unless `qos-pool-slack-levels` says otherwise.
 const SLACK_LEVELS: f64 = 8.0;
 
+/// The members a decision of the slack spread chooses among (see the module docs).
+#[derive(Clone, Copy, Debug)]
+enum Tier {
+    /// Slacks within `SLO / levels` of the largest: the roomy tier.
+    Roomy(f64),
+    /// Every member with room under the SLO beyond the noise (at least `SLO / levels`,
+    /// the roomy tier's width), or not yet measured by this proxy (so that it gets
+    /// measured): an even turn.
+    WithRoom(f64),
+}
+
 /// A member as the slack rule sees it.
 #[derive(Clone, Copy, Default)]
 struct Seen {
@@ -295,17 +323,21 @@ struct Seen {
     latency: f64,
     exact: bool,
     slack: f64,
+    /// Whether `slack` rests on this proxy's own measurements of the member (otherwise
+    /// on what [`predicted_micros`] expects of it).
+    measured: bool,
 }
 
-/// The slack rule (see the module docs): the member of the roomy tier among the usable
-/// ones that are not hot with the lowest spreading counter. `None` when fewer than two
-/// usable members were found or every one is hot (the even rule then decides).
+/// The slack rule (see the module docs): the member of `tier` among the usable ones
+/// that are not hot with the lowest spreading counter. `None` when fewer than two usable
+/// members were found, or none of them is both cold and in the tier (the even rule then
+/// decides).
 fn roomiest(
     ctx: &PickContext<'_>,
     count: usize,
     member: impl Fn(usize) -> usize,
     rng: &mut dyn RngCore,
-    levels: f64,
+    tier: Tier,
 ) -> Option<usize> {
     let mut seen = [Seen::default(); SLACK_SAMPLE];
     let len = look_at(ctx, count, member, rng, &mut seen);
@@ -328,9 +360,13 @@ fn roomiest(
         .filter(|&k| cold[k])
         .map(|k| seen[k].slack)
         .reduce(f64::max)?;
-    let level = best - ctx.route.settings().latency_slo.as_secs_f64() / levels;
+    let slo = ctx.route.settings().latency_slo.as_secs_f64();
+    let in_tier = |s: &Seen| match tier {
+        Tier::Roomy(levels) => s.slack >= best - slo / levels,
+        Tier::WithRoom(levels) => s.slack >= slo / levels || !s.measured,
+    };
     (0..len)
-        .filter(|&k| cold[k] && seen[k].slack >= level)
+        .filter(|&k| cold[k] && in_tier(&seen[k]))
         .map(|k| seen[k].index)
         .min_by_key(|&i| ctx.route.state(i).picks())
 }
@@ -373,6 +409,7 @@ fn look_at(
             latency,
             exact,
             slack: room(ctx.route.settings().latency_slo, predicted, latency),
+            measured: state.score_micros() != 0,
         };
         len += 1;
     };
