@@ -25,7 +25,8 @@ pub struct QosPoolParams {
     pub min_samples: usize,
     /// Measurements older than this are forgotten.
     pub max_age: Duration,
-    /// Consecutive probe measurements within the SLO needed to re-admit an endpoint.
+    /// Consecutive probe measurements within the SLO needed to re-admit an endpoint
+    /// while the pool has a member (one while it has none: see `endpoint.rs`).
     pub readmit_after: u32,
     /// Interval between probes of an endpoint outside the pool while they succeed; it
     /// doubles up to `probe_max_interval` while they keep missing, except while the
