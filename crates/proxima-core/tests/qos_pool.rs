@@ -166,17 +166,22 @@ fn slow_endpoint_leaves(router: &Router, t0: Instant, rng: &mut SmallRng) -> usi
     slow_hits
 }
 
-#[test]
-fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() {
-    let t0 = Instant::now();
-    let s = settings(&[
+/// An 80 ms SLO; judged after 3 samples, back after 3 good probes, probed every 100 ms
+/// (up to every second while the probes miss).
+fn probed_settings() -> ServiceSettings {
+    settings(&[
         ("latency-slo", "80ms"),
         ("qos-pool-min-samples", "3"),
         ("qos-pool-readmit-after", "3"),
         ("qos-pool-probe-interval", "100ms"),
         ("qos-pool-probe-max-interval", "1s"),
-    ]);
-    let router = router_with(1, s, t0);
+    ])
+}
+
+#[test]
+fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() {
+    let t0 = Instant::now();
+    let router = router_with(1, probed_settings(), t0);
     let mut rng = SmallRng::seed_from_u64(3);
     let t = t0;
     // A warming pod whose every fresh sample misses is judged at once, even with fewer
@@ -235,13 +240,7 @@ fn evicted_endpoints_are_probed_with_backoff_and_readmitted_after_good_probes() 
 #[test]
 fn an_evicted_pod_returns_after_readmit_after_good_probes_while_the_pool_has_a_member() {
     let t0 = Instant::now();
-    let s = settings(&[
-        ("latency-slo", "80ms"),
-        ("qos-pool-min-samples", "3"),
-        ("qos-pool-readmit-after", "3"),
-        ("qos-pool-probe-interval", "100ms"),
-    ]);
-    let router = router_with(2, s, t0);
+    let router = router_with(2, probed_settings(), t0);
     let mut rng = SmallRng::seed_from_u64(3);
     let mut t = t0;
     for _ in 0..3 {
