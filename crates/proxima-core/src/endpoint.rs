@@ -46,14 +46,14 @@
 //!   first probe each time (up to [`FLAP_BACKOFF_MAX`], linkerd's 60 s); each `max_age`
 //!   it stays healthy halves that again. While its service's pool is empty, requests
 //!   that fall back bring the probe forward (`Route::hurry_probes`), and one good probe
-//!   (or answer) re-admits: `readmit_after` good probes in a row guard the pool's members from a
-//!   pod that answered a few probes well by chance, but with no member every request
-//!   goes to a pod expected to miss, and the pod that just met the SLO is the best
-//!   evidence there is (n50 seed 1: a near pod back from 10 s of 503s took 770 ms and
-//!   10 requests, all missed at a pod 60 ms away, to return; docs/results/issue-30.md). On return the
-//!   misses that evicted it are dropped but its good history is kept, and it ramps up
-//!   over `qos-pool-slow-start` (Envoy's `slow_start_config`) instead of taking a
-//!   burst.
+//!   (or answer) re-admits: `readmit_after` good probes in a row guard the pool's
+//!   members from a pod that answered a few probes well by chance, but with no member
+//!   every request goes to a pod expected to miss, and the pod that just met the SLO is
+//!   the best evidence there is (n50 seed 1: a near pod back from 10 s of 503s took
+//!   770 ms and 10 requests, all missed at a pod 60 ms away, to return;
+//!   docs/results/issue-30.md). On return the misses that evicted it are dropped but
+//!   its good history is kept, and it ramps up over `qos-pool-slow-start` (Envoy's
+//!   `slow_start_config`) instead of taking a burst.
 //! * **Stalls are not verdicts.** A response that misses the SLO only by the time the
 //!   proxy itself was stalled (its scheduling lag, measured by the data plane) is set
 //!   aside: neither good nor bad evidence. See `Observation::stall`. The pool's last

@@ -43,11 +43,11 @@
 //!   within an eighth of the SLO of the largest form the *roomy tier*, and the request
 //!   goes to the one of them with the lowest spreading counter (the even rule's stride
 //!   scheduling, slow start included, within the tier), so that pods with clearly more
-//!   room take the load and pods level with each other share it evenly. All hot: the even rule decides. This is Prequal's hot-cold rule
-//!   (Wydrowski et al., NSDI 2024, §3: among the replicas of the probe pool that are not
-//!   hot, the lowest latency; load as requests in flight), with the SLO's slack as the
-//!   latency side and levels of an eighth of the SLO so that near-equal pods are not
-//!   ranked by noise. Looking at the whole (sampled) pool rather than at two drawn
+//!   room take the load and pods level with each other share it evenly. All hot: the
+//!   even rule decides. This is Prequal's hot-cold rule (Wydrowski et al., NSDI 2024,
+//!   §3: among the replicas of the probe pool that are not hot, the lowest latency;
+//!   load as requests in flight), with the SLO's slack as the latency side and levels
+//!   of an eighth of the SLO so that near-equal pods are not ranked by noise. Looking at the whole (sampled) pool rather than at two drawn
 //!   members matters: with four members and one near, two choices send the near one
 //!   only half of the requests. The load signal is current (a queue makes a member hot
 //!   within its next few requests, and its slack shrinks as its answers slow), so a near
