@@ -205,16 +205,7 @@ impl Strategy for QosPool {
             0 => None,
             1 => ctx.usable(pool.get(0)).then(|| pool.get(0)),
             n => tier
-                .and_then(|tier| {
-                    let member = |p| pool.get(p);
-                    roomiest(ctx, n, member, rng, tier).or_else(|| match tier {
-                        // No member with room: the turn is the slack rule's.
-                        Tier::WithRoom(levels) => {
-                            roomiest(ctx, n, member, rng, Tier::Roomy(levels))
-                        }
-                        Tier::Roomy(_) => None,
-                    })
-                })
+                .and_then(|tier| roomiest(ctx, n, |p| pool.get(p), rng, tier))
                 .or_else(|| {
                     two_choices_among(ctx, n, |p| pool.get(p), rng, |a, b| prefer(ctx, a, b))
                 })
@@ -361,14 +352,21 @@ fn roomiest(
         .map(|k| seen[k].slack)
         .reduce(f64::max)?;
     let slo = ctx.route.settings().latency_slo.as_secs_f64();
-    let in_tier = |s: &Seen| match tier {
+    let in_tier = |s: &Seen, tier: Tier| match tier {
         Tier::Roomy(levels) => s.slack >= best - slo / levels,
         Tier::WithRoom(levels) => s.slack >= slo / levels || !s.measured,
     };
-    (0..len)
-        .filter(|&k| cold[k] && in_tier(&seen[k]))
-        .map(|k| seen[k].index)
-        .min_by_key(|&i| ctx.route.state(i).picks())
+    let fewest_picks = |tier: Tier| {
+        (0..len)
+            .filter(|&k| cold[k] && in_tier(&seen[k], tier))
+            .map(|k| seen[k].index)
+            .min_by_key(|&i| ctx.route.state(i).picks())
+    };
+    fewest_picks(tier).or_else(|| match tier {
+        // No member with room: the turn is the slack rule's.
+        Tier::WithRoom(levels) => fewest_picks(Tier::Roomy(levels)),
+        Tier::Roomy(_) => None,
+    })
 }
 
 fn decayed_peak_ewma(ctx: &PickContext<'_>, index: usize) -> f64 {
