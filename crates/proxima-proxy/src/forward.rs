@@ -11,7 +11,10 @@
 //! connection had to be opened) to the pod's response headers, taken with `Instant`.
 //!
 //! Around that core, failures are retried on another endpoint (the ids already tried
-//! are passed to `pick` as `exclude`), up to the service's `retries`:
+//! are passed to `pick` as `exclude`), up to the service's `retries`. [`Proxy::forward`]
+//! is the retry loop; each turn is one attempt (`Proxy::try_pod`), whose end is
+//! classified by a pure function (`verdict::judge`, tested alone) and acted on by
+//! `Proxy::settle`:
 //!
 //! * **Connect failures** (refused, unreachable, `connect-timeout`) and connections that
 //!   broke before the request was written: nothing reached the pod, so any request is
@@ -1074,6 +1077,48 @@ struct Failure {
     endpoint: Arc<EndpointMetrics>,
 }
 
+/// One request over its attempts: what [`Proxy::forward`]'s retry loop carries from
+/// one attempt to the next.
+struct Call<'k> {
+    start: Instant,
+    key: &'k ServiceKey,
+    port: Option<PortRef<'k>>,
+    client_version: Version,
+    grpc: bool,
+    /// The call's own `grpc-timeout`, which bounds it as well as the service's timeout.
+    grpc_timeout: Option<Duration>,
+    /// Whether the request may reach a pod twice ([`replayable`]).
+    replayable: bool,
+    /// Pods tried so far, not picked again.
+    tried: Vec<EndpointId>,
+    /// Set by the first attempt: the start plus the time the request has.
+    deadline: Option<Instant>,
+    /// Set by the first attempt: the service's metrics.
+    service: Option<Arc<ServiceMetrics>>,
+    /// The last attempt's failure: the answer when no pod is left to retry on.
+    failure: Option<Failure>,
+    retries_done: u32,
+}
+
+/// What one attempt leaves [`Proxy::forward`]'s loop to do.
+enum Step {
+    /// Answer the client with this.
+    Answer(Response<ResponseBody>),
+    /// Try another pod with the request, handed back unsent.
+    Retry(Request<RequestBody>),
+}
+
+/// The pod an attempt went to, for [`Proxy::settle`].
+struct Tried {
+    picked: Picked,
+    service: Arc<ServiceMetrics>,
+    endpoint: Arc<EndpointMetrics>,
+    /// The service's `retries`.
+    retries: u32,
+    /// The client's answer should the pod's be delivered (`failed` still to be set).
+    answer: Answer,
+}
+
 /// What the client gets from a pod's answer once its outcome is recorded.
 struct Answer {
     start: Instant,
@@ -1491,7 +1536,8 @@ impl Proxy {
         Response::from_parts(parts, ResponseBody::upstream(body, finish))
     }
 
-    /// Forward one client request (see the module docs).
+    /// Forward one client request (see the module docs): refuse it, open its tunnel,
+    /// or try pods until one attempt answers it.
     ///
     /// An async block, as [`attempt`] is, so that its arguments are stored once.
     // Not an `async fn`: see above.
@@ -1526,208 +1572,261 @@ impl Proxy {
                     "CONNECT tunnels are not supported (HTTP/2 extended CONNECT is, RFC 8441)",
                 );
             }
-            let client_version = req.version();
             let grpc = crate::forward::grpc::is_call(req.headers());
-            let grpc_timeout = grpc
-                .then(|| crate::forward::grpc::timeout(req.headers()))
-                .flatten();
+            let mut call = Call {
+                start,
+                key,
+                port,
+                client_version: req.version(),
+                grpc,
+                grpc_timeout: grpc
+                    .then(|| crate::forward::grpc::timeout(req.headers()))
+                    .flatten(),
+                replayable: false,
+                tried: Vec::new(),
+                deadline: None,
+                service: None,
+                failure: None,
+                retries_done: 0,
+            };
             prepare(&mut req, &client_ip);
-            let replayable = replayable(&req);
-
-            let mut tried: Vec<EndpointId> = Vec::new();
-            let mut deadline: Option<Instant> = None;
-            let mut service: Option<Arc<ServiceMetrics>> = None;
-            let mut failure: Option<Failure> = None;
-            let mut retries_done: u32 = 0;
+            call.replayable = replayable(&req);
             loop {
-                // The first attempt starts with the request (a clock read saved).
-                let mut attempt_start = if tried.is_empty() {
-                    start
-                } else {
-                    Instant::now()
-                };
-                let mut picked = match self.pick(key, port, attempt_start, &tried) {
-                    Ok(picked) => picked,
-                    Err(error) => {
-                        if let (Some(service), Some(failure)) = (&service, failure) {
-                            // Nowhere left to retry: answer with the last failure.
-                            return self.give_up(service, failure, start);
-                        }
-                        return self.no_endpoint(key, error, start);
-                    }
-                };
-                if service.is_none() {
-                    picked.route().retry_budget().record_request(attempt_start);
-                    self.probe_shapes
-                        .remember(picked.route(), &req, attempt_start);
+                match self.try_pod(&mut call, req).await {
+                    Step::Answer(response) => return response,
+                    Step::Retry(back) => req = back,
                 }
-                let service = service
-                    .get_or_insert_with(|| self.metrics.service(picked.route().key()))
-                    .clone();
-                let settings = picked.route().settings();
-                let (timeout, connect_timeout, retries, slo) = (
-                    settings.timeout,
-                    settings.connect_timeout,
-                    settings.retries,
-                    settings.latency_slo,
-                );
-                // A gRPC call's own deadline bounds it too.
-                let limit = grpc_timeout.map_or(timeout, |t| t.min(timeout));
-                let deadline = *deadline.get_or_insert(start + limit);
-                // Kept for a retry on another pod only when one can follow.
-                let keep =
-                    replayable && retries_done < retries && picked.route().eligible().len() > 1;
-                // A late first attempt may be sent to a second pod as well; its copy of
-                // the request is made now, as the attempt takes the request.
-                let hedge_after = (keep && tried.is_empty())
-                    .then(|| picked.hedge_after(attempt_start))
-                    .flatten();
-                let replay = hedge_after.map(|_| Replay::of(&req));
-                service.pick(picked.reason);
-                let mut endpoint = service.endpoint(&picked.endpoint().id);
-
-                crate::spans::record_attempt(&picked.endpoint().id, retries_done + 1);
-                let mut stall_start = self.stall_total(attempt_start);
-                // Pinned here and watched by reference: a future taken by value would be
-                // stored twice in `watched`'s state (argument and pinned local), and each
-                // copy of this one is moved with every move of the request's future.
-                let written = AtomicBool::new(false);
-                if picked.protocol == PortProtocol::H2c && retries_done < retries {
-                    // A pod may refuse the stream unprocessed; its body is then sent to
-                    // the next pod (`RequestBody::recorded`).
-                    req = record_body(req);
-                }
-                let sent = attempt(
-                    &self.pool,
-                    picked.addr,
-                    picked.protocol,
-                    req,
-                    deadline,
-                    connect_timeout,
-                    keep,
-                    &written,
-                );
-                tokio::pin!(sent);
-                let watch = Watch {
-                    stall_start,
-                    slo,
-                    deadline,
-                    sent: &written,
-                    dropped_by: DroppedBy::Client,
-                };
-                let mut waits = Waits::new(&picked, slo, hedge_after);
-                // The common path moves the attempt once; a hedge's bookkeeping stays
-                // in its own branch (moving the attempt through tuples cost 1% of the
-                // instructions per HTTP/1.1 request).
-                let watched = self
-                    .watched(&picked, &service, &watch, &mut waits, sent.as_mut())
-                    .await;
-                let attempt = match watched {
-                    Watched::Done(attempt) => attempt,
-                    Watched::HedgeDue => {
-                        let first = Leg {
-                            picked: &picked,
-                            endpoint: &endpoint,
-                            attempt_start,
-                            watch,
-                            waits: &mut waits,
-                        };
-                        let race = Race {
-                            service: &service,
-                            port,
-                            grpc,
-                            limit,
-                            call_deadline: limit < timeout,
-                            connect_timeout,
-                        };
-                        // Boxed: the rare path, whose second attempt would otherwise
-                        // make every request's future as large as two.
-                        let (attempt, hedge) =
-                            Box::pin(self.hedge(first, sent.as_mut(), replay, race)).await;
-                        // A hedge counts as a retry; the copy gone on with is the one
-                        // that answered first (or failed last).
-                        if let Some(hedge) = hedge {
-                            retries_done += 1;
-                            if hedge.chosen {
-                                tried.push(picked.endpoint().id.clone());
-                                picked = hedge.picked;
-                                endpoint = hedge.endpoint;
-                                (attempt_start, stall_start) = (hedge.start, hedge.stall_start);
-                            } else {
-                                tried.push(hedge.picked.endpoint().id.clone());
-                            }
-                        }
-                        attempt
-                    }
-                };
-                let settings = picked.route().settings();
-                // `picked`: the hedge's pod when its copy was gone on with.
-                let place = Place {
-                    endpoint: &picked.endpoint().id,
-                    addr: picked.addr,
-                    limit,
-                    call_deadline: limit < timeout,
-                };
-                let (ended, now) = attempt.ended(attempt_start, grpc);
-                let verdict = verdict::judge(&ended, place, settings);
-                if let Some(outcome) = verdict.outcome {
-                    self.record(&picked, &service, now, outcome, stall_start);
-                }
-                if let Some(kind) = verdict.error {
-                    endpoint.error(kind);
-                }
-                let failed = match (verdict.next, attempt) {
-                    (Next::Deliver { failed }, Attempt::Response(response, sender, _)) => {
-                        let answer = Answer {
-                            start,
-                            attempt_start,
-                            now,
-                            slo,
-                            failed,
-                            client_version,
-                            grpc,
-                        };
-                        return self.deliver(picked, service, endpoint, response, sender, answer);
-                    }
-                    (Next::ClientFault, Attempt::ClientBodyFailed(error)) => {
-                        return answer_client_body_failed(&service, &error);
-                    }
-                    (Next::Retry(refusal), attempt) => {
-                        let failure = self.failed(&service, &picked, refusal, endpoint);
-                        match attempt.into_request() {
-                            Some(back) => {
-                                req = back;
-                                failure
-                            }
-                            None => return self.give_up(&service, failure, start),
-                        }
-                    }
-                    (Next::GiveUp(refusal), _) => {
-                        let failure = self.failed(&service, &picked, refusal, endpoint);
-                        return self.give_up(&service, failure, start);
-                    }
-                    // `judge` delivers only answers and blames the client only for its
-                    // body; were that ever broken, the client still gets an answer.
-                    (next, _) => {
-                        error!(?next, "an attempt's verdict does not fit how it ended");
-                        let refusal = Refusal {
-                            status: StatusCode::BAD_GATEWAY,
-                            error: "proxy error",
-                            detail: "the proxy could not tell how the attempt ended".into(),
-                            log: "an attempt's verdict does not fit how it ended",
-                        };
-                        return self.give_up(&service, Failure { refusal, endpoint }, start);
-                    }
-                };
-                if !may_retry(&service, &picked, retries_done, retries) {
-                    return self.give_up(&service, failed, start);
-                }
-                retries_done += 1;
-                service.retry();
-                tried.push(picked.endpoint().id.clone());
-                failure = Some(failed);
             }
         }
+    }
+
+    /// One attempt of `call` on the pod the strategy picks, raced by a hedge if one
+    /// comes due, and judged by [`verdict::judge`] (the pure classification of how it
+    /// ended): the client's answer, or the request handed back for another pod.
+    ///
+    /// An async block, as [`attempt`] is, so that its arguments are stored once.
+    // Not an `async fn`: see above.
+    #[allow(clippy::manual_async_fn)]
+    fn try_pod<'a, 'k>(
+        &'a self,
+        call: &'a mut Call<'k>,
+        mut req: Request<RequestBody>,
+    ) -> impl std::future::Future<Output = Step> + use<'a, 'k> {
+        async move {
+            // The first attempt starts with the request (a clock read saved).
+            let mut attempt_start = if call.tried.is_empty() {
+                call.start
+            } else {
+                Instant::now()
+            };
+            let mut picked = match self.pick(call.key, call.port, attempt_start, &call.tried) {
+                Ok(picked) => picked,
+                Err(error) => return Step::Answer(self.nowhere_left(call, error)),
+            };
+            if call.service.is_none() {
+                picked.route().retry_budget().record_request(attempt_start);
+                self.probe_shapes
+                    .remember(picked.route(), &req, attempt_start);
+            }
+            let service = call
+                .service
+                .get_or_insert_with(|| self.metrics.service(picked.route().key()))
+                .clone();
+            let settings = picked.route().settings();
+            let (timeout, connect_timeout, retries, slo) = (
+                settings.timeout,
+                settings.connect_timeout,
+                settings.retries,
+                settings.latency_slo,
+            );
+            // A gRPC call's own deadline bounds it too.
+            let limit = call.grpc_timeout.map_or(timeout, |t| t.min(timeout));
+            let deadline = *call.deadline.get_or_insert(call.start + limit);
+            // Kept for a retry on another pod only when one can follow.
+            let keep = call.replayable
+                && call.retries_done < retries
+                && picked.route().eligible().len() > 1;
+            // A late first attempt may be sent to a second pod as well; its copy of
+            // the request is made now, as the attempt takes the request.
+            let hedge_after = (keep && call.tried.is_empty())
+                .then(|| picked.hedge_after(attempt_start))
+                .flatten();
+            let replay = hedge_after.map(|_| Replay::of(&req));
+            service.pick(picked.reason);
+            let mut endpoint = service.endpoint(&picked.endpoint().id);
+
+            crate::spans::record_attempt(&picked.endpoint().id, call.retries_done + 1);
+            let mut stall_start = self.stall_total(attempt_start);
+            // Pinned here and watched by reference: a future taken by value would be
+            // stored twice in `watched`'s state (argument and pinned local), and each
+            // copy of this one is moved with every move of the request's future.
+            let written = AtomicBool::new(false);
+            if picked.protocol == PortProtocol::H2c && call.retries_done < retries {
+                // A pod may refuse the stream unprocessed; its body is then sent to
+                // the next pod (`RequestBody::recorded`).
+                req = record_body(req);
+            }
+            let sent = attempt(
+                &self.pool,
+                picked.addr,
+                picked.protocol,
+                req,
+                deadline,
+                connect_timeout,
+                keep,
+                &written,
+            );
+            tokio::pin!(sent);
+            let watch = Watch {
+                stall_start,
+                slo,
+                deadline,
+                sent: &written,
+                dropped_by: DroppedBy::Client,
+            };
+            let mut waits = Waits::new(&picked, slo, hedge_after);
+            // The common path moves the attempt once; a hedge's bookkeeping stays in
+            // its own branch (moving the attempt through tuples cost 1% of the
+            // instructions per HTTP/1.1 request).
+            let watched = self
+                .watched(&picked, &service, &watch, &mut waits, sent.as_mut())
+                .await;
+            let attempt = match watched {
+                Watched::Done(attempt) => attempt,
+                Watched::HedgeDue => {
+                    let first = Leg {
+                        picked: &picked,
+                        endpoint: &endpoint,
+                        attempt_start,
+                        watch,
+                        waits: &mut waits,
+                    };
+                    let race = Race {
+                        service: &service,
+                        port: call.port,
+                        grpc: call.grpc,
+                        limit,
+                        call_deadline: limit < timeout,
+                        connect_timeout,
+                    };
+                    // Boxed: the rare path, whose second attempt would otherwise make
+                    // every request's future as large as two.
+                    let (attempt, hedge) =
+                        Box::pin(self.hedge(first, sent.as_mut(), replay, race)).await;
+                    // A hedge counts as a retry; the copy gone on with is the one that
+                    // answered first (or failed last).
+                    if let Some(hedge) = hedge {
+                        call.retries_done += 1;
+                        if hedge.chosen {
+                            call.tried.push(picked.endpoint().id.clone());
+                            picked = hedge.picked;
+                            endpoint = hedge.endpoint;
+                            (attempt_start, stall_start) = (hedge.start, hedge.stall_start);
+                        } else {
+                            call.tried.push(hedge.picked.endpoint().id.clone());
+                        }
+                    }
+                    attempt
+                }
+            };
+            let settings = picked.route().settings();
+            // `picked`: the hedge's pod when its copy was gone on with.
+            let place = Place {
+                endpoint: &picked.endpoint().id,
+                addr: picked.addr,
+                limit,
+                call_deadline: limit < timeout,
+            };
+            let (ended, now) = attempt.ended(attempt_start, call.grpc);
+            let verdict = verdict::judge(&ended, place, settings);
+            if let Some(outcome) = verdict.outcome {
+                self.record(&picked, &service, now, outcome, stall_start);
+            }
+            if let Some(kind) = verdict.error {
+                endpoint.error(kind);
+            }
+            let answer = Answer {
+                start: call.start,
+                attempt_start,
+                now,
+                slo,
+                failed: false,
+                client_version: call.client_version,
+                grpc: call.grpc,
+            };
+            let tried = Tried {
+                picked,
+                service,
+                endpoint,
+                retries,
+                answer,
+            };
+            self.settle(call, verdict.next, attempt, tried)
+        }
+    }
+
+    /// No pod left to pick: the last attempt's failure if there was one, else why the
+    /// service has none.
+    fn nowhere_left(&self, call: &mut Call<'_>, error: PickError) -> Response<ResponseBody> {
+        match (&call.service, call.failure.take()) {
+            (Some(service), Some(failure)) => self.give_up(service, failure, call.start),
+            _ => self.no_endpoint(call.key, error, call.start),
+        }
+    }
+
+    /// What follows an attempt whose verdict says `next`: the pod's answer delivered,
+    /// the client's own fault answered, or the request handed back for another pod when
+    /// the verdict, the retry policy and the retry budget allow one; otherwise the
+    /// failure's answer.
+    fn settle(&self, call: &mut Call<'_>, next: Next, attempt: Attempt, tried: Tried) -> Step {
+        let Tried {
+            picked,
+            service,
+            endpoint,
+            retries,
+            mut answer,
+        } = tried;
+        let give_up = |failure| Step::Answer(self.give_up(&service, failure, call.start));
+        let (failure, back) = match (next, attempt) {
+            (Next::Deliver { failed }, Attempt::Response(response, sender, _)) => {
+                answer.failed = failed;
+                let response = self.deliver(picked, service, endpoint, response, sender, answer);
+                return Step::Answer(response);
+            }
+            (Next::ClientFault, Attempt::ClientBodyFailed(error)) => {
+                return Step::Answer(answer_client_body_failed(&service, &error));
+            }
+            (Next::Retry(refusal), attempt) => {
+                let failure = self.failed(&service, &picked, refusal, endpoint);
+                match attempt.into_request() {
+                    Some(back) => (failure, back),
+                    None => return give_up(failure),
+                }
+            }
+            (Next::GiveUp(refusal), _) => {
+                return give_up(self.failed(&service, &picked, refusal, endpoint));
+            }
+            // `judge` delivers only answers and blames the client only for its body;
+            // were that ever broken, the client still gets an answer.
+            (next, _) => {
+                error!(?next, "an attempt's verdict does not fit how it ended");
+                let refusal = Refusal {
+                    status: StatusCode::BAD_GATEWAY,
+                    error: "proxy error",
+                    detail: "the proxy could not tell how the attempt ended".into(),
+                    log: "an attempt's verdict does not fit how it ended",
+                };
+                return give_up(Failure { refusal, endpoint });
+            }
+        };
+        if !may_retry(&service, &picked, call.retries_done, retries) {
+            return give_up(failure);
+        }
+        call.retries_done += 1;
+        service.retry();
+        call.tried.push(picked.endpoint().id.clone());
+        call.failure = Some(failure);
+        Step::Retry(back)
     }
 
     /// The service `target` names, or the answer refusing the request: its headers are
