@@ -27,6 +27,9 @@ pub struct Cell {
     pub within_slo: f64,
     /// Services whose own percentile met their SLO, and services.
     pub services_met: (u32, u32),
+    /// Services whose own percentile over their reachable requests met their SLO
+    /// (`None` in results written before the column existed).
+    pub services_met_where_reachable: Option<u32>,
     /// The runtime's p99 lag, ms.
     pub lag_p99_ms: f64,
     /// The highest 1-minute load average seen.
@@ -87,6 +90,7 @@ pub fn read_summary(name: &str, text: &str) -> Result<Vec<Cell>, TestbedError> {
     .map(column);
     let (variant, label, reach, within) = (variant?, label?, reach?, within?);
     let (met, services, lag, load) = (met?, services?, lag?, load?);
+    let met_at_reach = column("services_met_where_reachable").ok();
     let number = |row: &[String], i: usize| -> Result<f64, TestbedError> {
         row.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| {
             TestbedError::Invalid(format!("{name}/summary.csv: bad {:?}", header[i]))
@@ -113,6 +117,9 @@ pub fn read_summary(name: &str, text: &str) -> Result<Vec<Cell>, TestbedError> {
             of_reach: number(&row, reach)?,
             within_slo: number(&row, within)?,
             services_met: (number(&row, met)? as u32, number(&row, services)? as u32),
+            services_met_where_reachable: met_at_reach
+                .and_then(|i| number(&row, i).ok())
+                .map(|n| n as u32),
             lag_p99_ms: number(&row, lag)?,
             load_max: number(&row, load).ok(),
         });
@@ -189,7 +196,9 @@ impl Comparison {
     }
 
     /// A Markdown table: a row per scenario, a column per strategy (share of reach, the
-    /// best in bold), then `lead`'s margin and the host's worst lag and load.
+    /// best in bold, and the services meeting their percentile where reachable out of
+    /// all, when the results say), then `lead`'s margin and the host's worst lag and
+    /// load.
     pub fn markdown(&self, lead: &str) -> String {
         let mut out = String::from("| scenario |");
         for label in &self.labels {
@@ -208,15 +217,23 @@ impl Comparison {
             let best = row.iter().flatten().map(|c| c.of_reach).reduce(f64::max);
             let _ = write!(out, "| {scenario} |");
             for cell in &row {
-                match cell {
-                    Some(c) if Some(c.of_reach) == best => {
-                        let _ = write!(out, " **{:.1}%** |", c.of_reach);
+                let Some(c) = cell else {
+                    out.push_str(" – |");
+                    continue;
+                };
+                let share = format!("{:.1}%", c.of_reach);
+                match Some(c.of_reach) == best {
+                    true => {
+                        let _ = write!(out, " **{share}**");
                     }
-                    Some(c) => {
-                        let _ = write!(out, " {:.1}% |", c.of_reach);
+                    false => {
+                        let _ = write!(out, " {share}");
                     }
-                    None => out.push_str(" – |"),
                 }
+                if let Some(met) = c.services_met_where_reachable {
+                    let _ = write!(out, " · {met}/{}", c.services_met.1);
+                }
+                out.push_str(" |");
             }
             let margin = self
                 .margin(scenario, lead)
@@ -240,14 +257,14 @@ impl Comparison {
     /// The same cells as CSV, one row per scenario and strategy.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "scenario,label,of_reach,within_slo,services_met,services,lag_p99_ms,load_max\n",
+            "scenario,label,of_reach,within_slo,services_met,services,lag_p99_ms,load_max,services_met_where_reachable\n",
         );
         for scenario in &self.scenarios {
             for label in &self.labels {
                 if let Some(c) = self.cells.get(&(scenario.clone(), label.clone())) {
                     let _ = writeln!(
                         out,
-                        "\"{}\",\"{}\",{},{},{},{},{},{}",
+                        "\"{}\",\"{}\",{},{},{},{},{},{},{}",
                         scenario.replace('"', "\"\""),
                         label.replace('"', "\"\""),
                         c.of_reach,
@@ -256,6 +273,8 @@ impl Comparison {
                         c.services_met.1,
                         c.lag_p99_ms,
                         c.load_max.map_or(String::new(), |l| l.to_string()),
+                        c.services_met_where_reachable
+                            .map_or(String::new(), |n| n.to_string()),
                     );
                 }
             }
@@ -348,6 +367,23 @@ mod tests {
             "{table}"
         );
         assert_eq!(c.csv().lines().count(), 1 + 3 + 2);
+    }
+
+    #[test]
+    fn the_services_met_where_reachable_show_next_to_the_share_when_the_results_have_them() {
+        let text = [
+            format!("{HEADER},proxy_probes,services_met_where_reachable"),
+            format!("{},0,3", row("", "qos-pool", 99.5, 2.0)),
+            format!("{},0,", row("", "local", 99.0, 2.0)),
+        ]
+        .join("\n");
+        let c = compare(read_summary("n50-seed1", &text).unwrap());
+        let table = c.markdown("qos-pool");
+        assert!(
+            table.contains("| n50-seed1 | **99.5%** · 3/4 | 99.0% | +0.5 |"),
+            "{table}"
+        );
+        assert!(c.csv().contains(",1.5,3\n"), "{}", c.csv());
     }
 
     #[test]

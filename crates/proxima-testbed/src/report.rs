@@ -60,7 +60,7 @@ pub fn table(runs: &[RunReport]) -> String {
     let width = runs.iter().map(|r| r.label.len()).max().unwrap_or(8).max(8);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>8} {:>9}  host (runtime lag, 1-min load)",
+        "{:<width$}  {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>8} {:>9} {:>9}  host (runtime lag, 1-min load)",
         "run",
         "requests",
         "avg ms",
@@ -73,12 +73,13 @@ pub fn table(runs: &[RunReport]) -> String {
         "errors",
         "timeouts",
         "SLOs met",
+        "at reach",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>8.2}% {:>9.1} {:>7} {:>8} {:>9}  {}",
+            "{:<width$}  {:>8} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}% {:>8.2}% {:>9.1} {:>7} {:>8} {:>9} {:>9}  {}",
             r.label,
             s.requests,
             s.avg_ms,
@@ -91,13 +92,15 @@ pub fn table(runs: &[RunReport]) -> String {
             s.failed,
             s.timeouts,
             format!("{}/{}", r.services_met, r.services.len()),
+            format!("{}/{}", r.services_met_where_reachable, r.services.len()),
             r.host.brief(),
         );
     }
     let _ = writeln!(
         out,
         "(of reach: of the requests some instance could have answered within the SLO when \
-         they were sent, by the scenario's delays and processing times, the share that was)"
+         they were sent, by the scenario's delays and processing times, the share that was; \
+         SLOs met at reach: services whose own percentile over those requests met the SLO)"
     );
     if runs.iter().any(|r| r.host.noisy) {
         let _ = writeln!(
@@ -120,7 +123,7 @@ pub fn table(runs: &[RunReport]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<width$}  {:<swidth$} {:>14} {:>8} {:>9} {:>9} {:>4} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
+        "{:<width$}  {:<swidth$} {:>14} {:>8} {:>9} {:>9} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6}",
         "run",
         "service",
         "SLO",
@@ -128,6 +131,7 @@ pub fn table(runs: &[RunReport]) -> String {
         "of reach",
         "at pct",
         "met",
+        "at reach",
         "avg ms",
         "p50 ms",
         "p95 ms",
@@ -142,7 +146,7 @@ pub fn table(runs: &[RunReport]) -> String {
             let s = &v.summary;
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<swidth$} {:>14} {:>7.2}% {:>8.2}% {:>9} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8} {:>6}",
+                "{:<width$}  {:<swidth$} {:>14} {:>7.2}% {:>8.2}% {:>9} {:>4} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8} {:>6}",
                 r.label,
                 v.service,
                 format!("{} ms @ p{}", v.slo_ms, v.percentile),
@@ -151,6 +155,7 @@ pub fn table(runs: &[RunReport]) -> String {
                 v.at_percentile_ms
                     .map_or("failed".to_string(), |t| format!("{t:.2}")),
                 if v.met { "yes" } else { "no" },
+                if v.met_where_reachable { "yes" } else { "no" },
                 s.avg_ms,
                 s.p50_ms,
                 s.p95_ms,
@@ -270,7 +275,7 @@ pub fn table(runs: &[RunReport]) -> String {
         for r in &repeats {
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<swidth$} in SLO {}  of reach {}  at pct {}  p99 {}  spread {}  met {}/{}  noisy {}/{}",
+                "{:<width$}  {:<swidth$} in SLO {}  of reach {}  at pct {}  p99 {}  spread {}  met {}/{}  met at reach {}/{}  noisy {}/{}",
                 r.series,
                 r.service,
                 f(&r.slo_share, "%"),
@@ -279,6 +284,8 @@ pub fn table(runs: &[RunReport]) -> String {
                 f(&r.p99_ms, " ms"),
                 f(&r.spread, ""),
                 r.met,
+                r.runs,
+                r.met_where_reachable,
                 r.runs,
                 r.noisy,
                 r.runs
@@ -380,13 +387,13 @@ pub fn write_files(
     write(&dir.join("results.json"), &json)?;
 
     let mut summary = String::from(
-        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions,proxy_probes\n",
+        "variant,strategy,label,requests,succeeded,failed,timeouts,slo_met,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,max_ms,throughput,duration_s,services_met,services,repeat,lag_p50_ms,lag_p99_ms,lag_max_ms,load_start,load_max,noisy,proxy_connect_failures,proxy_timeouts,proxy_resets,proxy_evictions,proxy_readmissions,proxy_probes,services_met_where_reachable\n",
     );
     for r in runs {
         let s = &r.summary;
         let _ = writeln!(
             summary,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&r.variant),
             csv_field(&r.strategy),
             csv_field(&r.label),
@@ -420,12 +427,13 @@ pub fn write_files(
             r.proxy.evictions,
             r.proxy.readmissions,
             r.proxy.probes,
+            r.services_met_where_reachable,
         );
     }
     write(&dir.join("summary.csv"), &summary)?;
 
     let mut services = String::from(
-        "variant,label,service,phase,slo_ms,percentile,at_percentile_ms,met,requests,failed,timeouts,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,spread,max_per_instance,min_per_instance\n",
+        "variant,label,service,phase,slo_ms,percentile,at_percentile_ms,met,requests,failed,timeouts,slo_share,reachable,reachable_share,avg_ms,p50_ms,p95_ms,p99_ms,spread,max_per_instance,min_per_instance,at_percentile_reachable_ms,met_where_reachable\n",
     );
     for r in runs {
         for svc in &r.services {
@@ -441,7 +449,7 @@ pub fn write_files(
                     .collect();
                 let _ = writeln!(
                     services,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     csv_field(&r.variant),
                     csv_field(&r.label),
                     csv_field(&v.service),
@@ -463,6 +471,9 @@ pub fn write_files(
                     v.spread.map_or(String::new(), |x| x.to_string()),
                     busy.iter().max().map_or(String::new(), |x| x.to_string()),
                     busy.iter().min().map_or(String::new(), |x| x.to_string()),
+                    v.at_percentile_reachable_ms
+                        .map_or(String::new(), |t| t.to_string()),
+                    v.met_where_reachable,
                 );
             }
         }

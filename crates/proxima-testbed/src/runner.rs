@@ -433,6 +433,10 @@ fn report(
         });
     }
     let services_met = services.iter().filter(|s| s.all.met).count();
+    let services_met_where_reachable = services
+        .iter()
+        .filter(|s| s.all.met_where_reachable)
+        .count();
 
     let clients = scenario
         .clients
@@ -466,6 +470,7 @@ fn report(
         per_instance: overall,
         services,
         services_met,
+        services_met_where_reachable,
         phases,
         clients,
         warmed_up,
