@@ -412,12 +412,18 @@ async fn a_request_to_a_pod_gone_silent_is_answered_by_another_within_the_slo() 
     eprintln!("hedges {hedges}, outraced {outraced}");
     assert!(hedges >= 1.0, "{metrics}");
     assert_eq!(hedges, outraced, "every hedge answered first: {metrics}");
-    // Each outraced copy is a miss: the silent pod leaves the pool after a few.
+    // Each outraced copy is a miss: after a few the silent pod gets no more requests,
+    // out of the pool (the even spread's way) or passed over and probed until its
+    // probes decide (the slack spread's).
     let e = setup.endpoint("silent").await;
-    assert_eq!(e["in_pool"], false, "{e:#}");
+    let passed_over = e["in_pool"] == true
+        && e["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("probed every"));
+    assert!(e["in_pool"] == false || passed_over, "{e:#}");
     assert!(
         hedges <= 10.0,
-        "hedged until it left the pool, not forever: {hedges}"
+        "hedged until it left the pool or was passed over, not forever: {hedges}"
     );
 }
 
@@ -506,7 +512,9 @@ async fn a_recovered_pod_is_back_within_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_slow_only_under_load_does_not_flap_and_ramps_up_when_it_returns() {
     // `flappy` processes one request at a time (40 ms each): alone it meets the 60 ms
-    // SLO, under four concurrent clients its queue does not.
+    // SLO, under four concurrent clients its queue does not. The even spread, which
+    // gives it a full share and so the queue; the slack spread sends it only its even
+    // turns (20 ms of room against the others' 50), too few to build one.
     let (a, b) = (pod("a", 10).await, pod("b", 10).await);
     let flappy = Backend::spawn(
         "127.0.0.1:0".parse().unwrap(),
@@ -518,7 +526,7 @@ async fn a_pod_slow_only_under_load_does_not_flap_and_ramps_up_when_it_returns()
     .expect("pod starts");
     let setup = Arc::new(
         Setup::start(&topology(
-            "latency-slo: 60ms",
+            "latency-slo: 60ms, qos-pool-spread: even",
             &[("a", a.addr()), ("b", b.addr()), ("flappy", flappy.addr())],
         ))
         .await,
@@ -596,7 +604,10 @@ async fn a_looser_slo_rejudges_an_evicted_pod_at_once() {
     // of the edit the evicted pod has fewer fresh samples than `min-samples`, or none.
     let (a, b) = (pod("a", 10).await, pod("b", 150).await);
     let endpoints = [("a", a.addr()), ("b", b.addr())];
-    let settings = |slo: &str| format!("latency-slo: {slo}, qos-pool-max-age: 2s");
+    // The even spread, whose share after the slow start is easy to state (the slack
+    // spread gives b, with 50 ms of room against a's 190, its even turns only).
+    let settings =
+        |slo: &str| format!("latency-slo: {slo}, qos-pool-max-age: 2s, qos-pool-spread: even");
     let setup = Setup::start(&topology(&settings("80ms"), &endpoints)).await;
     let until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < until {
@@ -656,9 +667,11 @@ async fn the_spread_is_even_whatever_the_response_time() {
     // Before issue 8, two choices on in-flight counts split 2:1 between a near and a far
     // pod: by Little's law the slower one always holds more requests in flight.
     let (near, far) = (pod("near", 2).await, pod("far", 40).await);
+    // The paper's even spread; the default (slack) sends the near pod more, as it has
+    // 38 ms more room under the SLO (tested in the core's trust.rs).
     let setup = Arc::new(
         Setup::start(&topology(
-            "latency-slo: 200ms",
+            "latency-slo: 200ms, qos-pool-spread: even",
             &[("near", near.addr()), ("far", far.addr())],
         ))
         .await,

@@ -325,6 +325,12 @@ pub struct EndpointState {
     /// A neighbour reported it failing after this proxy's last answer from it: out of
     /// the pool until an answer of its own meets the SLO (see `neighbours.rs`).
     suspect: AtomicBool,
+    /// In the pool, and its last answer missed the SLO or failed: probed every
+    /// `probe-interval` until an answer meets the SLO or the misses take it out. The
+    /// slack spread passes such a member over (its peak EWMA holds the miss for tens
+    /// of seconds), so without the probes its verdict, and the failure news neighbours
+    /// learn from (`neighbours.rs`), would wait for traffic it no longer gets.
+    recheck: AtomicBool,
     /// Cooldown end as nanoseconds after `epoch`; 0 when not cooling down.
     cooldown_until: AtomicU64,
     /// Spreading counter: [`PICK_UNIT`] / weight per pick (stride scheduling), so that
@@ -430,6 +436,7 @@ impl EndpointState {
             measured: AtomicBool::new(false),
             held_until_probed: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
+            recheck: AtomicBool::new(false),
         }
     }
 
@@ -719,6 +726,10 @@ impl EndpointState {
                 stats.consecutive_failures = 0;
                 stats.ejection_capped = false;
                 self.cooldown_until.store(0, Ordering::Relaxed);
+                if obs.from_probe && latency <= slo && self.rechecking() {
+                    // The probe clears the miss: the peak EWMA starts again from it.
+                    self.peak_ewma_bits.store(0, Ordering::Relaxed);
+                }
                 self.update_peak_ewma(now, latency);
                 if obs.late {
                     // Its miss was stored when it went overdue; now it has a time.
@@ -755,13 +766,30 @@ impl EndpointState {
         }
         self.measured.store(true, Ordering::Relaxed);
         if good {
-            if self.suspect.swap(false, Ordering::Relaxed) {
+            let suspect = self.suspect.swap(false, Ordering::Relaxed);
+            let rechecked = self.recheck.swap(false, Ordering::Relaxed);
+            if rechecked || suspect {
                 stats.next_probe = Moment::NONE;
+            }
+            if rechecked && obs.from_probe {
+                // Passed over meanwhile: back level with the others, not a catch-up burst.
+                self.needs_baseline.store(true, Ordering::Relaxed);
             }
         } else if self.suspected() {
             stats.next_probe = Moment::at(self.epoch, now + stats.probe_interval());
+        } else {
+            self.recheck_after_miss(stats, now, settings);
         }
         self.advance(stats, now, settings, Some(good), obs)
+    }
+
+    /// A pool member missed: probe it from the next probe interval on (see `recheck`).
+    fn recheck_after_miss(&self, stats: &mut Stats, now: Instant, settings: &ServiceSettings) {
+        if stats.admission.in_pool() && !self.suspected() {
+            self.recheck.store(true, Ordering::Relaxed);
+            let next = now + settings.qos_pool.probe_interval;
+            stats.next_probe = Moment::at(self.epoch, next);
+        }
     }
 
     /// A failure of any kind: a miss in the window (the overdue one made a failure, when
@@ -797,6 +825,8 @@ impl EndpointState {
         let mut stats = self.lock();
         stats.estimator.record_overdue(now, settings.latency_slo);
         self.measured.store(true, Ordering::Relaxed);
+        // Its answer may never come (a hedge outraced it): the probes find out.
+        self.recheck_after_miss(&mut stats, now, settings);
         self.advance(&mut stats, now, settings, None, obs)
     }
 
@@ -993,6 +1023,7 @@ impl EndpointState {
         stats.kept_during_stall = false;
         // Its own verdict now: the probes of an evicted pod decide its return.
         self.suspect.store(false, Ordering::Relaxed);
+        self.recheck.store(false, Ordering::Relaxed);
         if cause == EvictionCause::Latency {
             stats.ejection_capped = false;
         }
@@ -1005,11 +1036,14 @@ impl EndpointState {
     }
 
     /// Return to the pool: drop the misses that evicted it, keep its good history, and
-    /// start the slow start.
+    /// start the slow start. The peak EWMA forgets them too: it remembers a failure as
+    /// 1 s for tens of seconds, and the slack spread, which reads it, would pass over a
+    /// pod its probes just found good until then; its next answer sets it afresh.
     fn readmit(&self, stats: &mut Stats, now: Instant, settings: &ServiceSettings) -> Admission {
         stats
             .estimator
             .forget_misses_before(now, settings.latency_slo);
+        self.peak_ewma_bits.store(0, Ordering::Relaxed);
         stats.next_probe = Moment::NONE;
         stats.consecutive_failures = 0;
         stats.ejection_capped = false;
@@ -1063,7 +1097,7 @@ impl EndpointState {
         let mut stats = self.lock();
         let due = match (stats.admission, stats.next_probe.get(self.epoch)) {
             (Admission::Evicted { .. }, Some(at)) => at <= now,
-            (_, next) if self.suspected() => next.is_none_or(|at| at <= now),
+            (_, next) if self.suspected() || self.rechecking() => next.is_none_or(|at| at <= now),
             (Admission::Warming, _) => first_probe && !self.measured(),
             _ => false,
         };
@@ -1079,6 +1113,12 @@ impl EndpointState {
     /// this proxy's own meets the SLO (see `neighbours.rs`).
     pub fn suspected(&self) -> bool {
         self.suspect.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is in the pool and probed because its last answer missed (see the
+    /// field's docs).
+    pub fn rechecking(&self) -> bool {
+        self.recheck.load(Ordering::Relaxed)
     }
 
     /// A neighbour saw it fail at `at` (a failure verdict, see `neighbours.rs`): suspect

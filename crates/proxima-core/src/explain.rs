@@ -134,7 +134,8 @@ pub struct EndpointExplain {
     pub weight: f64,
     /// Evictions soon after a return, which lengthen the wait for the first probe.
     pub flaps: u32,
-    /// When the next probe is due, ms from now (evicted endpoints only).
+    /// When the next probe is due, ms from now (endpoints out of the pool, suspected, or
+    /// probed after a miss).
     pub next_probe_ms: Option<f64>,
     /// Time left before it may be picked again after connection failures, ms (`null`: none).
     pub cooldown_ms: Option<f64>,
@@ -447,6 +448,12 @@ fn explain_route(
                     base = format!(
                         "suspect: {from} saw it fail {ago}ms ago, after this proxy's last answer from it; out of the pool until a probe of this proxy's own answers within the {}ms SLO ({base})",
                         ms(s.latency_slo)
+                    );
+                }
+                if admission.in_pool() && ep.state.rechecking() && !ep.state.suspected() {
+                    base = format!(
+                        "{base}; its last answer missed: probed every {}ms until one meets the SLO",
+                        ms(s.qos_pool.probe_interval)
                     );
                 }
                 if admission.in_pool() && detail.ejection_capped {

@@ -1117,7 +1117,8 @@ impl Router {
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
                 let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
-                if ep.state.in_pool() && !first_probe && !ep.state.suspected() {
+                let rechecked = ep.state.suspected() || ep.state.rechecking();
+                if ep.state.in_pool() && !first_probe && !rechecked {
                     continue;
                 }
                 // Left due: the first tick after the service's next request claims it.
@@ -1218,6 +1219,7 @@ impl Router {
         ticket.done = true;
         let was_measured = ticket.state.measured();
         let was_suspect = ticket.state.suspected();
+        let was_rechecking = ticket.state.rechecking();
         let table = self.table.load();
         let route = table.services.get(&ticket.service);
         let pool_empty = || route.is_some_and(|r| r.read_pool(|pool| pool.is_empty()));
@@ -1232,6 +1234,7 @@ impl Router {
         if change.is_some()
             || was_measured != ticket.state.measured()
             || was_suspect != ticket.state.suspected()
+            || was_rechecking != ticket.state.rechecking()
         {
             self.refresh_pool(&ticket.service, now);
         }

@@ -36,6 +36,10 @@ fn proxy(node: &str, t0: Instant) -> Router {
         ("qos-pool-min-samples", "3"),
         ("qos-pool-eject-after", "3"),
         ("qos-pool-probe-interval", "1s"),
+        // Every pod its share whatever it answered, so that a short burst of traffic
+        // brings a failing pod to its ejection; the slack spread passes it over after
+        // its first failure and leaves the ejection to its probes (tests/trust.rs).
+        ("qos-pool-spread", "even"),
     ]);
     assert!(errors.is_empty(), "{errors:?}");
     r.apply(

@@ -110,12 +110,15 @@ fn new_endpoints_are_warming_in_the_pool_and_get_tried() {
 fn a_slow_endpoint_leaves_the_pool_within_a_bounded_number_of_its_requests() {
     // p95 over a 64-sample window: beyond chance (qos-pool-verdict-confidence 95, the
     // default) by the 7th slow sample; on the share alone (0) by the 4th.
+    // The paper's even spread, which keeps sending the slow pod its share until it
+    // leaves (the slack spread passes it over sooner: the next test).
     for (confidence, bound) in [("95", 7), ("0", 4)] {
         let t0 = Instant::now();
         let settings = settings(&[
             ("latency-slo", "80ms"),
             ("slo-percentile", "95"),
             ("qos-pool-verdict-confidence", confidence),
+            ("qos-pool-spread", "even"),
         ]);
         let router = router_with(3, settings, t0);
         let mut rng = SmallRng::seed_from_u64(2);
@@ -125,6 +128,36 @@ fn a_slow_endpoint_leaves_the_pool_within_a_bounded_number_of_its_requests() {
             "confidence {confidence}: evicted after {slow_hits} slow requests"
         );
     }
+}
+
+#[test]
+fn the_slack_spread_passes_a_slow_endpoint_over_after_its_first_slow_answer() {
+    // Its slack is the SLO less its peak-EWMA latency once that exceeds the prediction:
+    // one 120 ms answer under an 80 ms SLO leaves it none, so it takes no more requests
+    // while the others have room, before its window has the evidence to evict it.
+    let t0 = Instant::now();
+    let settings = settings(&[("latency-slo", "80ms"), ("slo-percentile", "95")]);
+    let router = router_with(3, settings, t0);
+    let mut rng = SmallRng::seed_from_u64(2);
+    let mut t = t0;
+    for _ in 0..300 {
+        t += ms(1);
+        request(&router, t, &mut rng, &|_| ms(20));
+    }
+    let mut slow_hits = 0;
+    for _ in 0..600 {
+        t += ms(1);
+        let (id, reason) = request(&router, t, &mut rng, &|id| {
+            if id == "pod-1" {
+                ms(120)
+            } else {
+                ms(20)
+            }
+        });
+        assert_eq!(reason, Reason::Pool);
+        slow_hits += usize::from(id == "pod-1");
+    }
+    assert_eq!(slow_hits, 1, "slow answers taken by pod-1");
 }
 
 /// Warm three pods up, make pod-1 100 ms slower than the SLO allows until it leaves the
@@ -352,7 +385,12 @@ fn evicted_pods_of_a_service_idle_here_are_probed_again_at_its_next_request() {
 #[test]
 fn spread_inside_the_pool_is_even() {
     let t0 = Instant::now();
-    let router = router_with(5, slo80(), t0);
+    let settings = settings(&[
+        ("latency-slo", "80ms"),
+        ("slo-percentile", "95"),
+        ("qos-pool-spread", "even"),
+    ]);
+    let router = router_with(5, settings, t0);
     let mut rng = SmallRng::seed_from_u64(5);
     let mut counts: HashMap<String, u32> = HashMap::new();
     let n = 50_000;
@@ -425,7 +463,15 @@ fn decisions_are_deterministic_for_a_seed() {
 #[test]
 fn connection_failures_cool_an_endpoint_down_with_backoff() {
     let t0 = Instant::now();
-    let router = router_with(2, slo80(), t0);
+    // The even spread, so that the pod's return after its cooldown shows: under the
+    // slack spread the failure's peak-EWMA penalty (1 s, decaying over 10 s) leaves it
+    // no room, and it is passed over for longer while the other has room.
+    let settings = settings(&[
+        ("latency-slo", "80ms"),
+        ("slo-percentile", "95"),
+        ("qos-pool-spread", "even"),
+    ]);
+    let router = router_with(2, settings, t0);
     let mut rng = SmallRng::seed_from_u64(7);
     // Both pods have a good history, so one refused connection (a miss among many
     // good samples) does not evict; it only cools the pod down.

@@ -104,32 +104,36 @@ fn next_probe(router: &Router, from: Instant) -> (Instant, ProbeTicket) {
 
 #[test]
 fn a_pod_answering_fast_500s_stops_getting_traffic() {
-    let t0 = Instant::now();
-    let r = router(3, &[("latency-slo", "80ms")], t0);
-    let mut rng = SmallRng::seed_from_u64(1);
-    let mut to_bad = 0;
-    for i in 0..300 {
-        let (id, _) = request(&r, t0 + ms(i), &mut rng, &|id| {
-            if id == "pod-2" {
-                Outcome::Answered {
-                    latency: ms(2),
-                    status: 500,
+    for spread in ["even", "slack"] {
+        let t0 = Instant::now();
+        let r = router(
+            3,
+            &[("latency-slo", "80ms"), ("qos-pool-spread", spread)],
+            t0,
+        );
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut to_bad = 0;
+        for i in 0..300 {
+            let (id, _) = request(&r, t0 + ms(i), &mut rng, &|id| {
+                if id == "pod-2" {
+                    Outcome::Answered {
+                        latency: ms(2),
+                        status: 500,
+                    }
+                } else {
+                    ok(ms(20))
                 }
-            } else {
-                ok(ms(20))
-            }
-        });
-        if i >= 20 && id == "pod-2" {
-            to_bad += 1;
+            });
+            to_bad += u32::from(id == "pod-2");
         }
+        // Before issue 8 it took 25-36% of the requests; now it is out after its first.
+        assert_eq!(to_bad, 1, "{spread}: requests to the failing pod");
+        assert_eq!(pool(&r), ["pod-0", "pod-1"], "{spread}");
+        let e = explain(&r, t0 + ms(300), "pod-2");
+        assert!(e.out_because.is_some(), "{e:?}");
+        assert!(e.reason.starts_with("evicted for latency"), "{}", e.reason);
+        assert_eq!(e.predicted_ms, None, "its p95 is a failure: {e:?}");
     }
-    // Before issue 8 it took 25-36% of the requests; now it is out after its first one.
-    assert_eq!(to_bad, 0, "requests to the failing pod after warm-up");
-    assert_eq!(pool(&r), ["pod-0", "pod-1"]);
-    let e = explain(&r, t0 + ms(300), "pod-2");
-    assert!(e.out_because.is_some(), "{e:?}");
-    assert!(e.reason.starts_with("evicted for latency"), "{}", e.reason);
-    assert_eq!(e.predicted_ms, None, "its p95 is a failure: {e:?}");
 }
 
 #[test]
@@ -166,10 +170,16 @@ fn the_failure_status_setting_decides_what_a_failure_is() {
 #[test]
 fn consecutive_failures_eject_before_the_window_would() {
     // At p50 over 64 samples the latency test needs 32 misses; five in a row eject.
+    // The even spread keeps sending the failing pod its share meanwhile; the slack
+    // spread passes it over after its first failure (the test above).
     let t0 = Instant::now();
     let r = router(
         3,
-        &[("slo-percentile", "50"), ("qos-pool-eject-after", "5")],
+        &[
+            ("slo-percentile", "50"),
+            ("qos-pool-eject-after", "5"),
+            ("qos-pool-spread", "even"),
+        ],
         t0,
     );
     let mut rng = SmallRng::seed_from_u64(3);
@@ -206,6 +216,83 @@ fn consecutive_failures_eject_before_the_window_would() {
         last = at;
     }
     assert_eq!(pool(&r), ["pod-0", "pod-1", "pod-2"]);
+}
+
+/// Three pods answering in 10 ms under an 80 ms SLO, warmed up under the slack spread,
+/// then pod-1 answering `pod1` while client requests come every millisecond; returns
+/// the router, the time, and how many of 200 requests went to pod-1.
+fn slack_pool_with_pod_1(pod1: Outcome) -> (Router, Instant, u32) {
+    let t0 = Instant::now();
+    let r = router(
+        3,
+        &[
+            ("latency-slo", "80ms"),
+            ("qos-pool-eject-after", "3"),
+            ("qos-pool-probe-interval", "100ms"),
+        ],
+        t0,
+    );
+    let mut rng = SmallRng::seed_from_u64(4);
+    let mut t = t0;
+    for _ in 0..60 {
+        t += ms(1);
+        request(&r, t, &mut rng, &|_| ok(ms(10)));
+    }
+    let mut to_pod_1 = 0;
+    for _ in 0..200 {
+        t += ms(1);
+        let (id, _) = request(&r, t, &mut rng, &|id| {
+            if id == "pod-1" {
+                pod1
+            } else {
+                ok(ms(10))
+            }
+        });
+        to_pod_1 += u32::from(id == "pod-1");
+    }
+    (r, t, to_pod_1)
+}
+
+#[test]
+fn under_the_slack_spread_a_member_that_failed_is_probed_until_its_failures_eject_it() {
+    // One client request finds the failure; the slack spread sends no more, and the
+    // probes, not client traffic, bring the ejection (and the news neighbours hear).
+    let (r, mut t, to_pod_1) = slack_pool_with_pod_1(Outcome::Failed);
+    assert_eq!(to_pod_1, 1);
+    let e = explain(&r, t, "pod-1");
+    assert!(e.in_pool, "{e:?}");
+    assert!(e.reason.contains("probed every 100ms"), "{}", e.reason);
+    for _ in 0..2 {
+        let (at, ticket) = next_probe(&r, t);
+        assert!(at <= t + ms(100), "probed within the interval");
+        r.finish_probe(ticket, at, Outcome::Failed);
+        t = at;
+    }
+    assert_eq!(pool(&r), ["pod-0", "pod-2"]);
+    let e = explain(&r, t, "pod-1");
+    assert_eq!(e.out_because, Some(EvictionCause::ConsecutiveFailures));
+}
+
+#[test]
+fn under_the_slack_spread_a_member_back_from_one_failure_takes_traffic_after_a_good_probe() {
+    let (r, mut t, _) = slack_pool_with_pod_1(Outcome::Failed);
+    let (at, ticket) = next_probe(&r, t);
+    r.finish_probe(ticket, at, ok(ms(10)));
+    t = at;
+    assert!(!explain(&r, t, "pod-1").reason.contains("probed every"));
+    // Its 1 s failure penalty is gone with the good probe: a third of the requests again.
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut to_pod_1 = 0;
+    for _ in 0..300 {
+        t += ms(1);
+        let (id, _) = request(&r, t, &mut rng, &|_| ok(ms(10)));
+        to_pod_1 += u32::from(id == "pod-1");
+    }
+    assert!((80..=120).contains(&to_pod_1), "{to_pod_1} of 300");
+    assert!(
+        r.due_probes(t + ms(1_000)).is_empty(),
+        "no probe once it answers well"
+    );
 }
 
 #[test]
@@ -837,7 +924,11 @@ fn max_over_min(counts: &HashMap<String, u32>) -> f64 {
 #[test]
 fn the_spread_is_even_whatever_the_rtt() {
     let t0 = Instant::now();
-    let r = router(3, &[("latency-slo", "80ms")], t0);
+    let r = router(
+        3,
+        &[("latency-slo", "80ms"), ("qos-pool-spread", "even")],
+        t0,
+    );
     // pod-0 on this node (2 ms), pod-1 and pod-2 far away (50 and 70 ms), 200 rps.
     let latency = |id: &str| match id {
         "pod-0" => ms(2),
@@ -1119,7 +1210,11 @@ fn the_spread_is_even_for_closed_loop_clients_too() {
     // Six clients, each sending its next request when the previous one is answered:
     // the far pod holds nearly every request in flight, which is latency, not a queue.
     let t0 = Instant::now();
-    let r = router(2, &[("latency-slo", "200ms")], t0);
+    let r = router(
+        2,
+        &[("latency-slo", "200ms"), ("qos-pool-spread", "even")],
+        t0,
+    );
     let latency = |id: &str| if id == "pod-0" { ms(2) } else { ms(40) };
     let mut rng = SmallRng::seed_from_u64(19);
     let mut open: Vec<(Instant, Picked)> = Vec::new();

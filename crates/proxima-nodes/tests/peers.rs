@@ -545,8 +545,14 @@ async fn coordinates_of_a_node_never_probed_arrive_in_a_peers_replies() {
 /// ejecting a pod.
 fn sharing_router(local: &str, nodes: Vec<Node>) -> Arc<Router> {
     let router = Arc::new(Router::new(Some(local.into())));
-    let (settings, errors) =
-        ServiceSettings::from_pairs([("latency-slo", "50ms"), ("qos-pool-eject-after", "3")]);
+    // The even spread, so that client traffic alone brings a failing pod to its
+    // ejection; the slack spread passes it over after its first failure and leaves the
+    // ejection to its probes (core tests/trust.rs).
+    let (settings, errors) = ServiceSettings::from_pairs([
+        ("latency-slo", "50ms"),
+        ("qos-pool-eject-after", "3"),
+        ("qos-pool-spread", "even"),
+    ]);
     assert!(errors.is_empty(), "{errors:?}");
     let spec = ServiceSpec::new(ServiceKey::new("default", "web"), vec![], settings);
     let pods = vec![

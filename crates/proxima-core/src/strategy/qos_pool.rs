@@ -19,7 +19,8 @@
 //!   misses; consecutive failures eject at once (Envoy's outlier detection, linkerd's
 //!   failure accrual); a quiet pod whose few samples all miss is judged on them. The
 //!   rules, with their anchors, are in `endpoint.rs`.
-//! * **Spreading** is even, whatever the round-trip time to each member: two distinct
+//! * **Spreading evenly** (`qos-pool-spread: even`, the paper's rule), whatever the
+//!   round-trip time to each member: two distinct
 //!   members are drawn at random and the one with the *lower spreading counter* wins
 //!   (ties go to the first draw, itself random). Each pick adds `1 / weight` to the
 //!   winner's counter (stride scheduling), so over any window every member's share is
@@ -32,7 +33,8 @@
 //!   The rule: within the pool, each member's share over a window stays within
 //!   max/min ≤ 1.2 of the others' (weights aside), unless the saturation rule below
 //!   applies.
-//! * **Or by slack** (`qos-pool-spread: slack`; not in the paper, whose even spread
+//! * **Or by slack** (`qos-pool-spread: slack`, the default since it led on five of six
+//!   generated scenarios, docs/results/issue-30.md; not in the paper, whose even spread
 //!   treats a member just under the SLO like one with a wide margin, so that host
 //!   jitter turns the first kind's answers into misses). Up to [`SLACK_SAMPLE`] usable
 //!   members are looked at (all of a small pool). A member is *hot* when it holds at
@@ -86,6 +88,12 @@
 //!   the backoff keeps a pod that misses from taking requests too soon, but with no
 //!   member every request goes to a pod expected to miss anyway, and a pod that
 //!   recovered is found only by its probe.
+//! * **Rechecks**: a member whose last answer missed or failed is probed every probe
+//!   interval until an answer meets the SLO or its misses take it out. The slack spread
+//!   passes such a member over at once (its peak EWMA holds a failure as 1 s), so its
+//!   verdict comes from the probes: consecutive failed probes eject it (news its
+//!   neighbours hear), and a good one clears the miss from its peak EWMA and brings it
+//!   back level with the others' spreading counters, not a catch-up burst.
 //! * **Fallback** (documented behaviour, not in the paper, whose Algorithm 1 assumes a
 //!   pool member): when the pool is empty, the request still goes out, to the endpoints
 //!   expected to do best ([`Route::expected`](crate::Route::expected)): the most
@@ -132,10 +140,11 @@ impl Default for QosPool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Spread {
     /// Every member the same share (QEdgeProxy §I), saturation aside.
-    #[default]
     Even,
     /// Members with more slack under the SLO take more, against their load in flight;
     /// one decision in [`EVEN_TURNS`] is taken by the even rule (see the module docs).
+    /// The default: it led on five of six generated scenarios (docs/results/issue-30.md).
+    #[default]
     Slack,
 }
 
