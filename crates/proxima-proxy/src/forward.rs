@@ -1610,7 +1610,7 @@ impl Proxy {
                 };
                 let mut picked = match self.pick_next(&mut call, &req, attempt_start) {
                     Ok(picked) => picked,
-                    Err(answer) => return answer,
+                    Err(answer) => return *answer,
                 };
                 let service = call
                     .service
@@ -1733,17 +1733,17 @@ impl Proxy {
     }
 
     /// The next pod for `call`, not one tried already; the answer instead when none is
-    /// left. The first pick counts the request in the service's retry budget and keeps
-    /// its shape for the probes.
+    /// left (boxed: the rare path). The first pick counts the request in the service's
+    /// retry budget and keeps its shape for the probes.
     fn pick_next(
         &self,
         call: &mut Call<'_>,
         req: &Request<RequestBody>,
         attempt_start: Instant,
-    ) -> Result<Picked, Response<ResponseBody>> {
+    ) -> Result<Picked, Box<Response<ResponseBody>>> {
         let picked = match self.pick(call.key, call.port, attempt_start, &call.tried) {
             Ok(picked) => picked,
-            Err(error) => return Err(self.nowhere_left(call, error)),
+            Err(error) => return Err(Box::new(self.nowhere_left(call, error))),
         };
         if call.service.is_none() {
             picked.route().retry_budget().record_request(attempt_start);
