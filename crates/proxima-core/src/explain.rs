@@ -450,7 +450,8 @@ fn explain_route(
                         ms(s.latency_slo)
                     );
                 }
-                if admission.in_pool() && ep.state.rechecking() && !ep.state.suspected() {
+                let rechecked = ep.state.rechecking() && route.strategy.rechecks_misses();
+                if admission.in_pool() && rechecked && !ep.state.suspected() {
                     base = format!(
                         "{base}; its last answer missed: probed every {}ms until one meets the SLO",
                         ms(s.qos_pool.probe_interval)

@@ -1117,7 +1117,8 @@ impl Router {
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
                 let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
-                let rechecked = ep.state.suspected() || ep.state.rechecking();
+                let rechecked = ep.state.suspected()
+                    || (ep.state.rechecking() && route.strategy.rechecks_misses());
                 if ep.state.in_pool() && !first_probe && !rechecked {
                     continue;
                 }

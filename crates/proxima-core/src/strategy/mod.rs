@@ -299,6 +299,13 @@ pub trait Strategy: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether a pool member whose last answer missed is passed over until its verdict,
+    /// and so needs probes to get one (`EndpointState::rechecking`). Strategies that keep
+    /// sending such a member its share say no: their traffic judges it.
+    fn rechecks_misses(&self) -> bool {
+        false
+    }
+
     /// Whether, when `pick` finds nothing, the router may still try an eligible endpoint
     /// that is cooling down. Strategies whose `None` is a policy decision (e.g. `local`
     /// rejecting remote pods) say no.

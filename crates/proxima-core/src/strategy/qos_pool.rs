@@ -88,12 +88,14 @@
 //!   the backoff keeps a pod that misses from taking requests too soon, but with no
 //!   member every request goes to a pod expected to miss anyway, and a pod that
 //!   recovered is found only by its probe.
-//! * **Rechecks**: a member whose last answer missed or failed is probed every probe
-//!   interval until an answer meets the SLO or its misses take it out. The slack spread
-//!   passes such a member over at once (its peak EWMA holds a failure as 1 s), so its
-//!   verdict comes from the probes: consecutive failed probes eject it (news its
-//!   neighbours hear), and a good one clears the miss from its peak EWMA and brings it
-//!   back level with the others' spreading counters, not a catch-up burst.
+//! * **Rechecks** (slack spread): a member whose last answer missed or failed is passed
+//!   over at once (its peak EWMA holds a failure as 1 s), so its verdict comes from
+//!   probes, every probe interval until an answer meets the SLO or its misses take it
+//!   out: a probe's miss enters its window and consecutive failed probes eject it (news
+//!   its neighbours hear); a good one, which says little of the pod under load, stays
+//!   out of the window but clears the miss from its peak EWMA and brings it back level
+//!   with the others' spreading counters, not a catch-up burst. Under the even spread
+//!   the member keeps its share, and its traffic judges it.
 //! * **Fallback** (documented behaviour, not in the paper, whose Algorithm 1 assumes a
 //!   pool member): when the pool is empty, the request still goes out, to the endpoints
 //!   expected to do best ([`Route::expected`](crate::Route::expected)): the most
@@ -273,6 +275,10 @@ impl Strategy for QosPool {
 
     fn hedges(&self) -> bool {
         true
+    }
+
+    fn rechecks_misses(&self) -> bool {
+        self.spread == Spread::Slack
     }
 }
 
