@@ -730,8 +730,12 @@ impl EndpointState {
                 stats.consecutive_failures = 0;
                 stats.ejection_capped = false;
                 self.cooldown_until.store(0, Ordering::Relaxed);
-                if obs.from_probe && latency <= slo && self.rechecking() {
-                    // The probe clears the miss: the peak EWMA starts again from it.
+                // A recheck probe's miss is evidence; its hit is one unloaded request,
+                // weak evidence for a pod under its share of the load: it clears the
+                // recheck without entering the window, and the peak EWMA starts again
+                // from it.
+                let recheck_hit = obs.from_probe && latency <= slo && self.rechecking();
+                if recheck_hit {
                     self.peak_ewma_bits.store(0, Ordering::Relaxed);
                 }
                 self.update_peak_ewma(now, latency);
@@ -749,14 +753,10 @@ impl EndpointState {
                     }
                     return None;
                 }
-                let good = latency <= slo;
-                // A recheck probe's miss is evidence; its hit is one unloaded request,
-                // weak evidence for a pod under its share of the load: it clears the
-                // recheck without entering the window.
-                if !(good && obs.from_probe && self.rechecking()) {
+                if !recheck_hit {
                     stats.estimator.record(now, latency);
                 }
-                good
+                latency <= slo
             }
         };
         self.settle(&mut stats, now, settings, good, obs)

@@ -450,8 +450,7 @@ fn explain_route(
                         ms(s.latency_slo)
                     );
                 }
-                let rechecked = ep.state.rechecking() && route.strategy.rechecks_misses();
-                if admission.in_pool() && rechecked && !ep.state.suspected() {
+                if admission.in_pool() && route.probed_in_pool(i) && !ep.state.suspected() {
                     base = format!(
                         "{base}; its last answer missed: probed every {}ms until one meets the SLO",
                         ms(s.qos_pool.probe_interval)

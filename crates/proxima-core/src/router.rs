@@ -98,6 +98,14 @@ impl Deref for ServiceRoute {
 }
 
 impl ServiceRoute {
+    /// Whether endpoint `i`, if in the pool, is probed: a neighbour reported it failing,
+    /// or its last answer missed under a strategy that passes such a member over
+    /// ([`Strategy::rechecks_misses`]).
+    pub(crate) fn probed_in_pool(&self, i: usize) -> bool {
+        let state = &self.endpoints[i].state;
+        state.suspected() || (state.rechecking() && self.strategy.rechecks_misses())
+    }
+
     /// The endpoints the strategy picks among.
     pub fn route(&self) -> &Route {
         &self.route
@@ -1117,9 +1125,7 @@ impl Router {
                 // Every new endpoint is probed at once, so that one which cannot meet
                 // the SLO is usually known before a client request would try it.
                 let first_probe = route.needs_first_probe(i, env, self.local_node(), now);
-                let rechecked = ep.state.suspected()
-                    || (ep.state.rechecking() && route.strategy.rechecks_misses());
-                if ep.state.in_pool() && !first_probe && !rechecked {
+                if ep.state.in_pool() && !first_probe && !route.probed_in_pool(i) {
                     continue;
                 }
                 // Left due: the first tick after the service's next request claims it.
